@@ -1,0 +1,27 @@
+"""Typed errors for the storage side (tiers and the kvstore daemon): one root, TierKVError."""
+
+from __future__ import annotations
+
+
+class TierKVError(Exception):
+    """Root of every error raised by tiers/ and kvstore/."""
+
+
+class TierError(TierKVError):
+    """A tier failed to do what was asked (server down, I/O error, ...)."""
+
+    def __init__(self, tier: str, message: str) -> None:
+        super().__init__(f"[{tier}] {message}")
+        self.tier = tier
+
+
+class TierUnavailable(TierError):
+    """The tier's backing server or device cannot be reached."""
+
+
+class BlockTooLarge(TierKVError):
+    """A single block is larger than the tier (or the message limit) can ever hold."""
+
+
+class ConfigError(TierKVError):
+    """Invalid configuration (bad size string, unknown tier, missing bucket...)."""
