@@ -1,0 +1,342 @@
+"""Radix-tree prefix cache over token ids, page-aligned, on top of the paged KV pool.
+
+SGLang-style: every node holds a run of whole pages (its ``tokens`` and the ``pages`` that store
+their KV); children are keyed by the tuple of their first page's tokens, so two children may share
+a first token yet differ later in that page, and a match stops at the last whole page that agrees.
+
+Ownership: the tree holds one allocator ref on each page it owns (taken by ``insert``, dropped by
+``evict``/``reset``); a request holds its own ref on each page of its context. ``match_prefix``
+takes no ref: the caller increfs the pages it keeps and ``lock``s the returned node so that
+eviction cannot take the path away while it runs.
+
+Locks count along the path: ``lock(node)`` adds one to the node and every ancestor (the root is
+never counted), so a node's ``lock_ref`` is its own locks plus the sum of its children's. A node
+with ``lock_ref == 0`` is evictable once it is a leaf; ``evictable_pages`` counts pages in all
+unlocked nodes (all of them can go, leaves first).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from engine.page_allocator import PageAllocator
+
+Tokens = tuple[int, ...]
+
+
+class TreeNode:
+    """One edge of the radix tree. Read-only for callers; only RadixCache mutates it."""
+
+    __slots__ = ("node_id", "tokens", "pages", "parent", "children", "lock_ref", "last_access")
+
+    def __init__(self, node_id: int, tokens: Tokens, pages: list[int], parent: TreeNode | None,
+                 last_access: int, lock_ref: int = 0) -> None:
+        self.node_id = node_id
+        self.tokens = tokens
+        self.pages = pages
+        self.parent = parent  # None for the root and for nodes removed from the tree
+        self.children: dict[Tokens, TreeNode] = {}
+        self.lock_ref = lock_ref
+        self.last_access = last_access
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.node_id}, tokens={len(self.tokens)}, pages={self.pages}, lock={self.lock_ref})"
+
+
+class MatchResult(NamedTuple):
+    pages: list[int]  # pages of the matched prefix, in order
+    node: TreeNode  # deepest matched node, ending exactly at the match (the root if none)
+    num_tokens: int  # == len(pages) * page_size
+
+
+class EvictedNode(NamedTuple):
+    prefix_tokens: Tokens  # tokens from the root up to the start of this node
+    tokens: Tokens  # this node's tokens
+    pages: list[int]  # this node's pages (still allocated while the hook runs)
+
+
+EvictHook = Callable[[list[EvictedNode]], None]
+
+
+def _as_tuple(tokens: Sequence[int]) -> Tokens:
+    if isinstance(tokens, tuple):
+        return tokens
+    tolist = getattr(tokens, "tolist", None)  # numpy arrays / torch tensors -> python ints
+    return tuple(tolist() if callable(tolist) else tokens)
+
+
+class RadixCache:
+    def __init__(self, page_size: int, allocator: PageAllocator, on_evict: EvictHook | None = None) -> None:
+        if page_size <= 0:
+            raise ValueError(f"page_size must be > 0, got {page_size}")
+        self.page_size = page_size
+        self.allocator = allocator
+        self.on_evict = on_evict
+        self._ids = itertools.count()
+        self._clock = 0  # LRU clock: bumped once per match/insert, never wall time
+        self._root = TreeNode(next(self._ids), (), [], None, 0)
+        self._owned: set[int] = set()
+        self._evictable = 0  # pages in nodes with lock_ref == 0
+        self.tokens_requested = 0
+        self.tokens_hit = 0
+
+    # ------------------------------------------------------------------ lookup / insert
+
+    @property
+    def root(self) -> TreeNode:
+        return self._root
+
+    def match_prefix(self, tokens: Sequence[int], record_stats: bool = True) -> MatchResult:
+        """Longest whole-page prefix of ``tokens`` in the tree. Splits a node if the match ends
+        inside it. Refreshes the LRU clock along the path; takes no page refs."""
+        toks = _as_tuple(tokens)
+        pages: list[int] = []
+        node, num = self._walk(toks, pages)
+        if record_stats:
+            self.tokens_requested += len(toks)
+            self.tokens_hit += num
+        return MatchResult(pages, node, num)
+
+    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> int:
+        """Add ``tokens`` (stored in ``pages``, one per page_size tokens) to the tree.
+
+        Returns how many leading tokens were already present; their entries in ``pages`` are not
+        adopted. The tree increfs each page it adopts. Raises ValueError on a length mismatch or
+        on a page that the tree already owns or that is free (before adopting anything)."""
+        toks = _as_tuple(tokens)
+        pages = list(pages)
+        ps = self.page_size
+        if len(toks) != len(pages) * ps:
+            raise ValueError(f"{len(toks)} tokens for {len(pages)} pages of {ps}")
+        node, num = self._walk(toks, None)
+        if num == len(toks):
+            return num
+        new_pages = pages[num // ps:]
+        if len(set(new_pages)) != len(new_pages):
+            raise ValueError(f"duplicate pages in insert: {new_pages}")
+        for p in new_pages:
+            if p in self._owned:
+                raise ValueError(f"page {p} is already owned by the radix cache")
+            if self.allocator.refcount(p) <= 0:
+                raise ValueError(f"page {p} is free; the caller must hold a ref on it")
+        self.allocator.incref(new_pages)
+        leaf = TreeNode(next(self._ids), toks[num:], new_pages, node, self._clock)
+        node.children[leaf.tokens[:ps]] = leaf
+        self._owned.update(new_pages)
+        self._evictable += len(new_pages)
+        return num
+
+    def _walk(self, toks: Tokens, pages_out: list[int] | None) -> tuple[TreeNode, int]:
+        """Follow ``toks`` down whole pages; split where the match ends inside a node."""
+        ps = self.page_size
+        end = len(toks) - len(toks) % ps
+        self._clock += 1
+        node, pos = self._root, 0
+        while pos < end:
+            child = node.children.get(toks[pos:pos + ps])
+            if child is None:
+                break
+            n = _common_pages(child.tokens, toks, pos, end, ps)
+            partial = n < len(child.pages)
+            if partial:
+                child = self._split(child, n)
+            child.last_access = self._clock
+            if pages_out is not None:
+                pages_out.extend(child.pages)
+            pos += len(child.tokens)
+            node = child
+            if partial:
+                break
+        return node, pos
+
+    def _split(self, child: TreeNode, n_pages: int) -> TreeNode:
+        """Cut ``child`` after ``n_pages``; the new prefix node takes its place, ``child`` keeps
+        its identity (lock holders point at the deeper end) and becomes the suffix."""
+        ps, k = self.page_size, n_pages * self.page_size
+        parent = child.parent
+        assert parent is not None and 0 < n_pages < len(child.pages)
+        head = TreeNode(next(self._ids), child.tokens[:k], child.pages[:n_pages], parent,
+                        child.last_access, child.lock_ref)
+        parent.children[head.tokens[:ps]] = head
+        child.tokens = child.tokens[k:]
+        child.pages = child.pages[n_pages:]
+        child.parent = head
+        head.children[child.tokens[:ps]] = child
+        return head
+
+    # ------------------------------------------------------------------ locks
+
+    def lock(self, node: TreeNode) -> None:
+        self._check_attached(node)
+        while node is not self._root:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.pages)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: TreeNode) -> None:
+        self._check_attached(node)
+        if node is not self._root and node.lock_ref <= 0:
+            raise RuntimeError(f"unlock of an unlocked node {node!r}")
+        while node is not self._root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable += len(node.pages)
+            node = node.parent  # type: ignore[assignment]
+
+    def _check_attached(self, node: TreeNode) -> None:
+        n: TreeNode | None = node
+        while n is not None and n is not self._root:
+            n = n.parent
+        if n is None:
+            raise ValueError(f"{node!r} is not in this radix cache (evicted or reset?)")
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict(self, num_pages: int) -> int:
+        """Evict least-recently-used unlocked leaves (a parent becomes a candidate once its
+        children are gone) until ``num_pages`` pages were released or nothing evictable is left.
+
+        Whole nodes only, so it may release more than asked. ``on_evict`` runs once, before any
+        page is released, with the victims in eviction order (children before parents); if it
+        raises, nothing is evicted. It is not called when nothing is evicted."""
+        if num_pages <= 0:
+            return 0
+        heap = [(n.last_access, n.node_id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        heapq.heapify(heap)
+        victims: list[TreeNode] = []
+        gone: dict[TreeNode, int] = {}  # evicted children per parent, to spot new leaves
+        released = 0
+        while heap and released < num_pages:
+            node = heapq.heappop(heap)[2]
+            victims.append(node)
+            released += len(node.pages)
+            parent = node.parent
+            assert parent is not None
+            if parent is not self._root:
+                gone[parent] = gone.get(parent, 0) + 1
+                if gone[parent] == len(parent.children) and parent.lock_ref == 0:
+                    heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+        if not victims:
+            return 0
+        if self.on_evict is not None:
+            self.on_evict(self._describe(victims))
+        ps = self.page_size
+        for node in victims:
+            assert node.parent is not None and not node.children
+            del node.parent.children[node.tokens[:ps]]
+            node.parent = None
+            self.allocator.decref(node.pages)
+            self._owned.difference_update(node.pages)
+            self._evictable -= len(node.pages)
+        return released
+
+    def _describe(self, victims: list[TreeNode]) -> list[EvictedNode]:
+        ends: dict[TreeNode, Tokens] = {self._root: ()}  # node -> tokens from root to its end
+
+        def end_of(node: TreeNode) -> Tokens:
+            chain: list[TreeNode] = []
+            n = node
+            while n not in ends:
+                chain.append(n)
+                n = n.parent  # type: ignore[assignment]
+            acc = ends[n]
+            for a in reversed(chain):
+                acc = acc + a.tokens
+                ends[a] = acc
+            return acc
+
+        return [EvictedNode(end_of(v.parent), v.tokens, list(v.pages)) for v in victims]  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ accounting
+
+    def evictable_pages(self) -> int:
+        return self._evictable
+
+    def total_pages(self) -> int:
+        return len(self._owned)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.tokens_hit / self.tokens_requested if self.tokens_requested else 0.0
+
+    def reset(self) -> None:
+        """Drop every node and release the tree's page refs; zero the hit statistics.
+
+        No eviction hook runs (nothing is offloaded). Raises RuntimeError while any node is
+        locked, since lock holders would point into the dropped tree."""
+        if any(c.lock_ref for c in self._root.children.values()):
+            raise RuntimeError("reset() while nodes are locked")
+        for node in self._nodes():
+            self.allocator.decref(node.pages)
+            node.parent = None
+        self._root = TreeNode(next(self._ids), (), [], None, 0)
+        self._owned.clear()
+        self._evictable = 0
+        self.tokens_requested = 0
+        self.tokens_hit = 0
+
+    def _nodes(self) -> list[TreeNode]:
+        """Every node except the root, parents before children."""
+        out: list[TreeNode] = []
+        stack = list(self._root.children.values())
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def check_integrity(self) -> None:
+        """Walk the whole tree; raise AssertionError on any broken invariant."""
+        ps, root = self.page_size, self._root
+        if root.tokens or root.pages or root.parent is not None or root.lock_ref != 0:
+            raise AssertionError("root must be empty, parentless and unlocked")
+        seen: set[int] = set()
+        evictable = 0
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            child_locks = 0
+            for key, child in node.children.items():
+                where = f"node {child.node_id}"
+                if child.parent is not node:
+                    raise AssertionError(f"{where}: parent link broken")
+                if not child.tokens or len(child.tokens) % ps:
+                    raise AssertionError(f"{where}: {len(child.tokens)} tokens, not a positive multiple of {ps}")
+                if len(child.pages) * ps != len(child.tokens):
+                    raise AssertionError(f"{where}: {len(child.pages)} pages for {len(child.tokens)} tokens")
+                if key != child.tokens[:ps]:
+                    raise AssertionError(f"{where}: key {key} != first page {child.tokens[:ps]}")
+                if child.lock_ref < 0:
+                    raise AssertionError(f"{where}: lock_ref {child.lock_ref} < 0")
+                for p in child.pages:
+                    if p in seen:
+                        raise AssertionError(f"{where}: page {p} owned twice")
+                    seen.add(p)
+                    if self.allocator.refcount(p) <= 0:
+                        raise AssertionError(f"{where}: page {p} owned by the tree but free in the allocator")
+                if child.lock_ref == 0:
+                    evictable += len(child.pages)
+                child_locks += child.lock_ref
+                stack.append(child)
+            if node is not root and node.lock_ref < child_locks:
+                raise AssertionError(f"node {node.node_id}: lock_ref {node.lock_ref} < children's {child_locks}")
+        if seen != self._owned:
+            raise AssertionError(f"owned-page set out of date: walk {len(seen)} vs counter {len(self._owned)}")
+        if evictable != self._evictable:
+            raise AssertionError(f"evictable pages: walk {evictable} vs counter {self._evictable}")
+
+
+def _common_pages(node_tokens: Tokens, toks: Tokens, pos: int, end: int, ps: int) -> int:
+    """How many whole pages of ``node_tokens`` equal ``toks[pos:end]`` from the start. The first
+    page is known to match (it is the child's key). One C-level compare in the common case."""
+    n = min(len(node_tokens), end - pos)
+    if node_tokens[:n] == toks[pos:pos + n]:
+        return n // ps
+    for i in range(ps, n, ps):
+        if node_tokens[i:i + ps] != toks[pos + i:pos + i + ps]:
+            return i // ps
+    raise AssertionError("unreachable: the whole slices differ but no page does")
