@@ -1,0 +1,226 @@
+"""CPU tier: a byte-capacity arena in host memory (pinned when CUDA is present).
+
+Why an arena: one up-front allocation bounds the tier's memory at its configured bytes, avoids
+malloc churn for multi-MB blocks, and (with torch) gives page-locked memory the GPU can DMA from.
+
+Zero-copy reads: ``get`` returns a read-only memoryview into the arena. It stays valid and
+unchanged for as long as it, or anything derived from it (slices, ``np.frombuffer``), is alive:
+deleting or overwriting the key only *defers* reuse of those arena bytes until the last view is
+dropped. A weakref finalizer on the exporting numpy view tells the allocator when that happens.
+While bytes are held like that, a put that finds no free arena run falls back to a heap copy
+(counted in ``used_bytes`` like any other block), so callers never see a spurious "full".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from tiers.base import Buffer, Tier
+from tiers.errors import BlockTooLarge, TierError
+
+
+@dataclass
+class _Block:
+    """Where one value lives: an arena run (``offset``) or a heap array (``heap``)."""
+
+    size: int
+    offset: int = -1
+    heap: np.ndarray | None = None
+    readers: int = 0  # live exported views
+    dead: bool = False  # deleted/overwritten while views were alive
+
+
+def _want_pinned() -> bool:
+    """Pin only when CUDA can use it; avoid importing torch on machines with no GPU driver."""
+    if "torch" not in sys.modules and not os.path.exists("/dev/nvidiactl"):
+        return False
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _allocate_arena(nbytes: int, pinned: bool) -> np.ndarray:
+    if pinned:
+        import torch
+
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+class _Allocator:
+    """Best-fit allocator over free runs of the arena, coalescing neighbours on free.
+
+    Runs are kept in two dicts (start -> size, end -> start) so freeing and merging are O(1);
+    allocation scans the free runs, which stay few because blocks are large (0.5-2 MB).
+    """
+
+    ALIGN = 64
+
+    def __init__(self, size: int) -> None:
+        self._by_start: dict[int, int] = {0: size} if size else {}
+        self._by_end: dict[int, int] = {size: 0} if size else {}
+
+    def _span(self, n: int) -> int:
+        return (n + self.ALIGN - 1) // self.ALIGN * self.ALIGN
+
+    def alloc(self, n: int) -> int:
+        """Offset of a run of ``n`` bytes, or -1 when no free run is large enough."""
+        need = self._span(n)
+        best, best_size = -1, 0
+        for start, size in self._by_start.items():
+            if size >= need and (best < 0 or size < best_size):
+                best, best_size = start, size
+                if size == need:
+                    break
+        if best < 0:
+            return -1
+        del self._by_start[best]
+        del self._by_end[best + best_size]
+        if best_size > need:
+            self._add(best + need, best_size - need)
+        return best
+
+    def free(self, offset: int, n: int) -> None:
+        start, size = offset, self._span(n)
+        prev = self._by_end.pop(start, None)
+        if prev is not None:
+            size += self._by_start.pop(prev)
+            start = prev
+        nxt = self._by_start.pop(start + size, None)
+        if nxt is not None:
+            del self._by_end[start + size + nxt]
+            size += nxt
+        self._add(start, size)
+
+    def _add(self, start: int, size: int) -> None:
+        self._by_start[start] = size
+        self._by_end[start + size] = start
+
+
+class CpuTier(Tier):
+    name = "cpu"
+    persistent = False
+
+    def __init__(self, capacity_bytes: int, *, pinned: bool | None = None) -> None:
+        super().__init__(capacity_bytes)
+        self.pinned = _want_pinned() if pinned is None else pinned
+        self._arena: np.ndarray | None = _allocate_arena(self.capacity_bytes, self.pinned)
+        self._alloc = _Allocator(self.capacity_bytes)
+        self._blocks: dict[bytes, _Block] = {}
+        self._used = 0
+        self._lock = threading.Lock()
+        # Finalizers may fire in any thread, even inside our own locked sections (refcount drop),
+        # so they only append here; locked operations drain it.
+        self._released: deque[_Block] = deque()
+
+    # -- helpers --------------------------------------------------------------
+    def _check_open(self) -> np.ndarray:
+        if self._arena is None:
+            raise TierError(self.name, "tier is closed")
+        return self._arena
+
+    def _drain_released(self) -> None:
+        while self._released:
+            blk = self._released.popleft()
+            blk.readers -= 1
+            if blk.readers == 0 and blk.dead:
+                self._free_storage(blk)
+
+    def _free_storage(self, blk: _Block) -> None:
+        if blk.offset >= 0:
+            self._alloc.free(blk.offset, blk.size)
+            blk.offset = -1
+        blk.heap = None
+
+    def _retire(self, blk: _Block) -> None:
+        """Drop a block from the index; free its bytes now, or when its last view goes."""
+        self._used -= blk.size
+        blk.dead = True
+        if blk.readers == 0:
+            self._free_storage(blk)
+
+    # -- Tier interface -------------------------------------------------------
+    def put(self, key: bytes, value: Buffer) -> None:
+        src = memoryview(value).cast("B") if not isinstance(value, bytes) else value
+        n = len(src)
+        if n > self.capacity_bytes:
+            raise BlockTooLarge(f"[cpu] block of {n} bytes exceeds capacity {self.capacity_bytes}")
+        with self._lock:
+            arena = self._check_open()
+            self._drain_released()
+            old = self._blocks.pop(bytes(key), None)
+            if old is not None:
+                self._retire(old)
+            if self._used + n > self.capacity_bytes:
+                raise TierError(self.name, f"full ({self._used}+{n} > {self.capacity_bytes}); evict first")
+            blk = _Block(size=n)
+            off = self._alloc.alloc(n) if n else -1
+            if off >= 0:
+                blk.offset = off
+                arena[off : off + n] = np.frombuffer(src, dtype=np.uint8)
+            else:
+                blk.heap = np.frombuffer(src, dtype=np.uint8).copy()
+            self._blocks[bytes(key)] = blk
+            self._used += n
+
+    def get(self, key: bytes) -> memoryview | None:
+        with self._lock:
+            arena = self._check_open()
+            self._drain_released()
+            blk = self._blocks.get(bytes(key))
+            if blk is None:
+                return None
+            if blk.heap is not None:
+                view = blk.heap[:]
+            elif blk.size == 0:
+                return memoryview(b"")
+            else:
+                view = arena[blk.offset : blk.offset + blk.size]
+            view.flags.writeable = False
+            blk.readers += 1
+            weakref.finalize(view, self._released.append, blk)
+            return memoryview(view)
+
+    def contains(self, key: bytes) -> bool:
+        with self._lock:
+            self._check_open()
+            return bytes(key) in self._blocks
+
+    def delete(self, key: bytes) -> bool:
+        with self._lock:
+            self._check_open()
+            self._drain_released()
+            blk = self._blocks.pop(bytes(key), None)
+            if blk is None:
+                return False
+            self._retire(blk)
+            return True
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            self._check_open()
+            return self._used
+
+    def scan(self) -> Iterator[tuple[bytes, int]]:
+        with self._lock:
+            self._check_open()
+            items = [(k, b.size) for k, b in self._blocks.items()]
+        yield from items
+
+    def close(self) -> None:
+        """Forget every block. Views handed out earlier keep the arena memory alive and valid."""
+        with self._lock:
+            self._arena = None
+            self._blocks.clear()
+            self._used = 0
