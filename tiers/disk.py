@@ -1,0 +1,185 @@
+"""Disk tier: one lmdb environment on local NVMe.
+
+Why lmdb: copy-on-write B+tree with a single fsync per commit, so a committed block survives a
+crash or SIGKILL of the owning process and the tree is never half-written (no recovery step on
+open). Large values live in contiguous overflow pages, so a read is one memcpy out of the mmap.
+
+Sizing: lmdb's map is a hard ceiling. Each value costs a page-rounded overflow run plus tree
+pages, and copy-on-write keeps freed pages busy until older readers finish, so the map is the
+capacity plus ~25% and 64 MiB of headroom. If lmdb still reports the map full (free-list
+fragmentation), the map grows once to twice the capacity before giving up with a TierError.
+
+Ownership: one process owns the environment (the daemon); ``used_bytes`` is kept in memory,
+seeded at open by a cursor walk that reads only value lengths.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import lmdb
+
+from tiers.base import Buffer, Tier
+from tiers.errors import BlockTooLarge, TierError, TierUnavailable
+
+_PAGE = 4096
+_HEADROOM = 64 << 20
+
+
+def _round_pages(n: int) -> int:
+    return (n + _PAGE - 1) // _PAGE * _PAGE
+
+
+class DiskTier(Tier):
+    name = "disk"
+    persistent = True
+
+    def __init__(self, path: str | os.PathLike[str], capacity_bytes: int, *, sync: bool = True) -> None:
+        super().__init__(capacity_bytes)
+        self.path = Path(path)
+        self._map_size = _round_pages(self.capacity_bytes * 5 // 4 + _HEADROOM)
+        self._max_map = _round_pages(self.capacity_bytes * 2 + _HEADROOM)
+        self._lock = threading.Lock()  # guards map resizes against concurrent transactions
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._env: lmdb.Environment | None = lmdb.open(
+                str(self.path),
+                map_size=self._map_size,
+                subdir=True,
+                sync=sync,
+                metasync=sync,
+                max_dbs=0,
+                max_readers=256,
+                lock=True,
+            )
+            self._env.reader_check()  # clear slots of readers that died (e.g. SIGKILL)
+            self._used = self._measure()
+        except (OSError, lmdb.Error) as e:
+            raise TierUnavailable(self.name, f"cannot open lmdb at {self.path}: {e}") from e
+
+    # -- helpers --------------------------------------------------------------
+    def _env_or_raise(self) -> lmdb.Environment:
+        if self._env is None:
+            raise TierError(self.name, "tier is closed")
+        return self._env
+
+    def _measure(self) -> int:
+        total = 0
+        with self._env_or_raise().begin(buffers=True) as txn:
+            for _, value in txn.cursor():
+                total += len(value)
+        return total
+
+    def _write(self, items: list[tuple[bytes, Buffer]]) -> None:
+        """Write ``items`` in one transaction; grow the map once if lmdb says it is full."""
+        for attempt in (0, 1):
+            try:
+                with self._lock:
+                    self._used += self._write_txn(items)
+                return
+            except lmdb.MapFullError as e:
+                if attempt or self._map_size >= self._max_map:
+                    raise TierError(self.name, f"lmdb map full at {self._map_size} bytes: {e}") from e
+                with self._lock:
+                    self._map_size = self._max_map
+                    self._env_or_raise().set_mapsize(self._map_size)
+            except lmdb.Error as e:
+                raise TierError(self.name, f"write failed: {e}") from e
+
+    def _write_txn(self, items: list[tuple[bytes, Buffer]]) -> int:
+        delta = 0
+        with self._env_or_raise().begin(write=True, buffers=True) as txn:
+            cur = txn.cursor()
+            for key, value in items:
+                if cur.set_key(key):
+                    delta -= len(cur.value())
+                mv = memoryview(value)
+                txn.put(key, mv, overwrite=True)
+                delta += mv.nbytes
+        return delta
+
+    def _check_size(self, value: Buffer) -> None:
+        n = memoryview(value).nbytes
+        if n > self.capacity_bytes:
+            raise BlockTooLarge(f"[disk] block of {n} bytes exceeds capacity {self.capacity_bytes}")
+
+    # -- Tier interface -------------------------------------------------------
+    def put(self, key: bytes, value: Buffer) -> None:
+        self._check_size(value)
+        self._write([(bytes(key), value)])
+
+    def put_many(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
+        batch = [(bytes(k), v) for k, v in items]
+        for _, v in batch:
+            self._check_size(v)
+        if batch:
+            self._write(batch)
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            with self._env_or_raise().begin(buffers=True) as txn:
+                buf = txn.get(key)
+                return None if buf is None else bytes(buf)  # copy out before the txn ends
+        except lmdb.Error as e:
+            raise TierError(self.name, f"read failed: {e}") from e
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        try:
+            with self._env_or_raise().begin(buffers=True) as txn:
+                out: list[bytes | None] = []
+                for k in keys:
+                    buf = txn.get(k)
+                    out.append(None if buf is None else bytes(buf))
+                return out
+        except lmdb.Error as e:
+            raise TierError(self.name, f"read failed: {e}") from e
+
+    def contains(self, key: bytes) -> bool:
+        return self.contains_many([key])[0]
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        try:
+            with self._env_or_raise().begin(buffers=True) as txn:
+                cur = txn.cursor()
+                return [cur.set_key(k) for k in keys]
+        except lmdb.Error as e:
+            raise TierError(self.name, f"read failed: {e}") from e
+
+    def delete(self, key: bytes) -> bool:
+        return self.delete_many([key]) == 1
+
+    def delete_many(self, keys: Sequence[bytes]) -> int:
+        removed = freed = 0
+        try:
+            with self._lock, self._env_or_raise().begin(write=True, buffers=True) as txn:
+                cur = txn.cursor()
+                for k in keys:
+                    if cur.set_key(k):
+                        freed += len(cur.value())
+                        cur.delete()
+                        removed += 1
+            self._used -= freed
+        except lmdb.Error as e:
+            raise TierError(self.name, f"delete failed: {e}") from e
+        return removed
+
+    def used_bytes(self) -> int:
+        self._env_or_raise()
+        return self._used
+
+    def scan(self) -> Iterator[tuple[bytes, int]]:
+        try:
+            with self._env_or_raise().begin(buffers=True) as txn:
+                items = [(bytes(k), len(v)) for k, v in txn.cursor()]
+        except lmdb.Error as e:
+            raise TierError(self.name, f"scan failed: {e}") from e
+        yield from items
+
+    def close(self) -> None:
+        with self._lock:
+            if self._env is not None:
+                self._env.close()
+                self._env = None
