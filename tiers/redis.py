@@ -1,0 +1,180 @@
+"""Redis tier: a shared remote tier on a standalone Redis or a Redis Cluster.
+
+Why these choices:
+- Keys are ``prefix + key`` (binary-safe), so several stores can share one server and ``scan``
+  finds exactly our blocks with one escaped MATCH pattern.
+- Batched calls go through non-transactional pipelines: one round trip per batch on a single
+  server; redis-py's cluster pipeline splits per node, so the same code works on both.
+- ``used_bytes`` is computed from the server (SCAN + pipelined STRLEN), not a tally: with a TTL
+  Redis expires blocks behind our back and other nodes write to the same prefix, so only the
+  server knows. It costs O(blocks / 1000) round trips; the TieredStore keeps its own accounting
+  from ``scan`` and calls this for metrics only.
+- Short socket timeouts and a single reconnect attempt without backoff: a dead or hung server
+  becomes TierUnavailable in about ``socket_timeout_s``, never a hang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import redis
+import redis.exceptions as rex
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from tiers.base import Buffer, Tier
+from tiers.errors import BlockTooLarge, TierError, TierUnavailable
+
+_UNREACHABLE = (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError, rex.RedisClusterException, OSError)
+_PIPELINE_BYTES = 64 << 20  # flush a put pipeline at this size so a big batch is not one huge buffer
+
+
+def _glob_escape(raw: bytes) -> bytes:
+    out = bytearray()
+    for b in raw:
+        if b in b"*?[]\\":
+            out += b"\\"
+        out.append(b)
+    return bytes(out)
+
+
+class RedisTier(Tier):
+    name = "redis"
+    persistent = True  # the server keeps the blocks when the owning process restarts
+
+    def __init__(
+        self,
+        url: str,
+        capacity_bytes: int,
+        *,
+        ttl_s: int | None = None,
+        cluster: bool = False,
+        prefix: bytes = b"tierkv:",
+        socket_timeout_s: float = 2.0,
+        connect_timeout_s: float = 1.0,
+    ) -> None:
+        super().__init__(capacity_bytes)
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError(f"redis: ttl_s must be > 0, got {ttl_s}")
+        self.ttl_s, self.prefix, self.cluster = ttl_s, bytes(prefix), cluster
+        self._pattern = _glob_escape(self.prefix) + b"*"
+        opts: dict[str, Any] = dict(
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._r: Any = None
+        try:
+            if cluster:
+                self._r = RedisCluster.from_url(url, cluster_error_retry_attempts=1, **opts)
+            else:
+                self._r = redis.Redis.from_url(url, health_check_interval=0, **opts)
+            self._r.ping()
+        except _UNREACHABLE as e:
+            raise TierUnavailable(self.name, f"cannot reach {url}: {e}") from e
+        except rex.RedisError as e:
+            raise TierError(self.name, f"{url}: {e}") from e
+
+    # -- helpers --------------------------------------------------------------
+    def _k(self, key: bytes) -> bytes:
+        return self.prefix + bytes(key)
+
+    def _cmd(self, name: str, *args: Any, **kw: Any) -> Any:
+        """Run one client command by name (after the closed check)."""
+        if self._r is None:
+            raise TierError(self.name, "tier is closed")
+        return self._do(name, getattr(self._r, name), *args, **kw)
+
+    def _do(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
+        """Run one call, mapping redis-py failures onto the tier's error types."""
+        try:
+            return fn(*args, **kw)
+        except _UNREACHABLE as e:
+            raise TierUnavailable(self.name, f"{what}: {e}") from e
+        except rex.RedisError as e:
+            raise TierError(self.name, f"{what}: {e}") from e
+
+    def _pipe(self) -> Any:
+        if self._r is None:
+            raise TierError(self.name, "tier is closed")
+        return self._r.pipeline(transaction=False)
+
+    @staticmethod
+    def _body(value: Buffer) -> bytes | memoryview:
+        return value if isinstance(value, bytes) else memoryview(value).cast("B")
+
+    def _check_size(self, n: int) -> None:
+        if n > self.capacity_bytes:
+            raise BlockTooLarge(f"[redis] block of {n} bytes exceeds capacity {self.capacity_bytes}")
+
+    # -- Tier interface -------------------------------------------------------
+    def put(self, key: bytes, value: Buffer) -> None:
+        body = self._body(value)
+        self._check_size(len(body))
+        self._cmd("set", self._k(key), body, ex=self.ttl_s)
+
+    def put_many(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
+        pipe, pending = self._pipe(), 0
+        for key, value in items:
+            body = self._body(value)
+            self._check_size(len(body))
+            pipe.set(self._k(key), body, ex=self.ttl_s)
+            pending += len(body)
+            if pending >= _PIPELINE_BYTES:
+                self._do("set(pipeline)", pipe.execute)
+                pipe, pending = self._pipe(), 0
+        self._do("set(pipeline)", pipe.execute)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._cmd("get", self._k(key))
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | memoryview | None]:
+        pipe = self._pipe()
+        for k in keys:
+            pipe.get(self._k(k))
+        return self._do("get(pipeline)", pipe.execute) if keys else []
+
+    def contains(self, key: bytes) -> bool:
+        return bool(self._cmd("exists", self._k(key)))
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        pipe = self._pipe()
+        for k in keys:
+            pipe.exists(self._k(k))
+        return [bool(x) for x in self._do("exists(pipeline)", pipe.execute)] if keys else []
+
+    def delete(self, key: bytes) -> bool:
+        return bool(self._cmd("delete", self._k(key)))
+
+    def delete_many(self, keys: Sequence[bytes]) -> int:
+        pipe = self._pipe()
+        for k in keys:
+            pipe.delete(self._k(k))
+        return sum(self._do("del(pipeline)", pipe.execute)) if keys else 0
+
+    def used_bytes(self) -> int:
+        return sum(size for _, size in self.scan())
+
+    def scan(self) -> Iterator[tuple[bytes, int]]:
+        """Keys under our prefix with their sizes (batches of SCAN, then one STRLEN pipeline each)."""
+        it = self._cmd("scan_iter", match=self._pattern, count=1000)
+        n = len(self.prefix)
+        while True:
+            batch = self._do("scan", lambda: [k for _, k in zip(range(1000), it, strict=False)])
+            if not batch:
+                return
+            pipe = self._pipe()
+            for k in batch:
+                pipe.strlen(k)
+            for k, size in zip(batch, self._do("strlen(pipeline)", pipe.execute), strict=True):
+                if size:  # 0: expired or deleted between SCAN and STRLEN (or an empty block)
+                    yield bytes(k[n:]), int(size)
+                elif self._cmd("exists", k):
+                    yield bytes(k[n:]), 0
+
+    def close(self) -> None:
+        if self._r is not None:
+            self._r.close()
+            self._r = None

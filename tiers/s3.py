@@ -1,0 +1,212 @@
+"""S3 tier: blocks as objects under ``bucket/prefix`` on any S3 endpoint (AWS, SeaweedFS, MinIO).
+
+Why these choices:
+- Object names are ``prefix + key.hex()`` so binary keys are safe in URLs and listings, and
+  ``scan`` can recover the keys after a restart from the listing alone.
+- Small connect/read timeouts and a bounded retry count: a dead or hung endpoint must surface as
+  TierUnavailable within seconds so the store can fall through, never freeze the engine.
+- Checksums only when the API requires them: blocks carry their own checksum (block format), so
+  hashing every multi-MB body again on both sides would only cost bandwidth.
+- ``used_bytes`` is an in-memory tally seeded from one listing at open. Other writers sharing the
+  prefix are not seen until the next open; ``contains``/``get`` always ask the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import boto3
+import botocore.config
+import botocore.exceptions as bce
+
+from tiers.base import Buffer, Tier
+from tiers.errors import BlockTooLarge, TierError, TierUnavailable
+
+_UNREACHABLE = (
+    bce.EndpointConnectionError,
+    bce.ConnectTimeoutError,
+    bce.ReadTimeoutError,
+    bce.ConnectionClosedError,
+    bce.HTTPClientError,
+)
+_MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
+
+
+class S3Tier(Tier):
+    name = "s3"
+    persistent = True
+
+    def __init__(
+        self,
+        endpoint_url: str | None,
+        bucket: str,
+        capacity_bytes: int,
+        *,
+        prefix: str = "",
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        region: str = "us-east-1",
+        connect_timeout_s: float = 1.0,
+        read_timeout_s: float = 3.0,
+        max_attempts: int = 2,
+        workers: int = 8,
+        create_bucket: bool = True,
+    ) -> None:
+        super().__init__(capacity_bytes)
+        self.bucket, self.prefix = bucket, prefix
+        cfg = botocore.config.Config(
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            retries={"total_max_attempts": max_attempts, "mode": "standard"},
+            max_pool_connections=max(10, workers * 2),
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self._client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint_url,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            region_name=region,
+            config=cfg,
+        )
+        self._workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+        if create_bucket:
+            self._ensure_bucket()
+        self._sizes: dict[bytes, int] = dict(self._list())
+
+    # -- helpers --------------------------------------------------------------
+    def _call(self, what: str, fn, /, **kw):  # type: ignore[no-untyped-def]
+        """Run one client call, mapping botocore failures onto the tier's error types."""
+        if self._closed:
+            raise TierError(self.name, "tier is closed")
+        try:
+            return fn(**kw)
+        except _UNREACHABLE as e:
+            raise TierUnavailable(self.name, f"{what}: endpoint unreachable: {e}") from e
+        except bce.BotoCoreError as e:
+            raise TierError(self.name, f"{what}: {e}") from e
+
+    def _ensure_bucket(self) -> None:
+        try:
+            self._call("head_bucket", self._client.head_bucket, Bucket=self.bucket)
+        except bce.ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in _MISSING:
+                raise TierError(self.name, f"bucket {self.bucket}: {e}") from e
+            try:
+                self._call("create_bucket", self._client.create_bucket, Bucket=self.bucket)
+            except bce.ClientError as e2:
+                code = e2.response.get("Error", {}).get("Code")
+                if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise TierError(self.name, f"cannot create bucket {self.bucket}: {e2}") from e2
+
+    def _obj(self, key: bytes) -> str:
+        return self.prefix + bytes(key).hex()
+
+    def _map_pool(self, fn, items: Sequence) -> list:  # type: ignore[no-untyped-def, type-arg]
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="s3tier")
+        return list(self._pool.map(fn, items))
+
+    def _list(self) -> Iterator[tuple[bytes, int]]:
+        token: str | None = None
+        while True:
+            kw = {"Bucket": self.bucket, "Prefix": self.prefix, "MaxKeys": 1000}
+            if token:
+                kw["ContinuationToken"] = token
+            try:
+                page = self._call("list", self._client.list_objects_v2, **kw)
+            except bce.ClientError as e:
+                raise TierError(self.name, f"list {self.bucket}/{self.prefix}: {e}") from e
+            for obj in page.get("Contents", []):
+                name = obj["Key"][len(self.prefix) :]
+                try:
+                    yield bytes.fromhex(name), int(obj["Size"])
+                except ValueError:
+                    continue  # not one of ours
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    # -- Tier interface -------------------------------------------------------
+    def put(self, key: bytes, value: Buffer) -> None:
+        body = value if isinstance(value, bytes) else bytes(memoryview(value).cast("B"))
+        if len(body) > self.capacity_bytes:
+            raise BlockTooLarge(f"[s3] block of {len(body)} bytes exceeds capacity {self.capacity_bytes}")
+        try:
+            self._call("put", self._client.put_object, Bucket=self.bucket, Key=self._obj(key), Body=body)
+        except bce.ClientError as e:
+            raise TierError(self.name, f"put: {e}") from e
+        self._sizes[bytes(key)] = len(body)
+
+    def put_many(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
+        self._map_pool(lambda kv: self.put(*kv), list(items))
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            resp = self._call("get", self._client.get_object, Bucket=self.bucket, Key=self._obj(key))
+            return resp["Body"].read()
+        except bce.ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _MISSING:
+                return None
+            raise TierError(self.name, f"get: {e}") from e
+        except (bce.ReadTimeoutError, bce.ResponseStreamingError, OSError) as e:
+            raise TierUnavailable(self.name, f"get: body read failed: {e}") from e
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | memoryview | None]:
+        return self._map_pool(self.get, list(keys))
+
+    def contains(self, key: bytes) -> bool:
+        try:
+            self._call("head", self._client.head_object, Bucket=self.bucket, Key=self._obj(key))
+            return True
+        except bce.ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _MISSING:
+                return False
+            raise TierError(self.name, f"head: {e}") from e
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        return self._map_pool(self.contains, list(keys))
+
+    def delete(self, key: bytes) -> bool:
+        return self.delete_many([key]) == 1
+
+    def delete_many(self, keys: Sequence[bytes]) -> int:
+        """Delete in one DeleteObjects call; S3 does not say what existed, so HEAD first."""
+        keys = [bytes(k) for k in keys]
+        present = [k for k, hit in zip(keys, self.contains_many(keys), strict=True) if hit]
+        for i in range(0, len(present), 1000):
+            chunk = present[i : i + 1000]
+            objs = {"Objects": [{"Key": self._obj(k)} for k in chunk], "Quiet": True}
+            try:
+                resp = self._call("delete", self._client.delete_objects, Bucket=self.bucket, Delete=objs)
+            except bce.ClientError as e:
+                raise TierError(self.name, f"delete: {e}") from e
+            if resp.get("Errors"):
+                raise TierError(self.name, f"delete: {resp['Errors'][:3]}")
+        for k in present:
+            self._sizes.pop(k, None)
+        return len(present)
+
+    def used_bytes(self) -> int:
+        if self._closed:
+            raise TierError(self.name, "tier is closed")
+        return sum(self._sizes.values())
+
+    def scan(self) -> Iterator[tuple[bytes, int]]:
+        return self._list()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._client.close()
