@@ -43,7 +43,7 @@ MAX_LAYOUT_LEN = 64
 #: dtypes a KV block may hold; anything else is refused (object dtypes would be unsafe)
 ALLOWED_DTYPES = frozenset(
     np.dtype(d).str for d in ("f2", "f4", "f8", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8")
-) | {"<V2"}  # raw 16-bit (bfloat16 carried as opaque 2-byte words)
+) | {np.dtype("V2").str}  # raw 16-bit (bfloat16 carried as opaque 2-byte words)
 
 Payload = bytes | bytearray | memoryview | np.ndarray
 
@@ -72,7 +72,7 @@ def _norm_dtype(dtype: np.dtype | str) -> np.dtype:
         return np.dtype("V2")
     try:
         dt = np.dtype(dtype)
-    except TypeError as e:
+    except (TypeError, ValueError, SyntaxError) as e:
         raise BlockFormatError(f"unknown dtype {dtype!r}") from e
     if dt.str not in ALLOWED_DTYPES:
         raise BlockFormatError(f"dtype {dt.str!r} not allowed in a KV block")

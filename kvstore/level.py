@@ -1,0 +1,116 @@
+"""One level of the TieredStore chain: a tier plus the store's bookkeeping for it.
+
+The tier is a dumb byte store; the level owns what the store knows about it: the index
+(key -> size), the bytes it counts as used, the eviction policy, counters, and a small
+circuit breaker. A level whose tier raised is skipped for ``retry_s`` seconds, so a dead
+Redis costs one timeout, not one per request. Not thread-safe: the store holds its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from kvstore.policy import EvictionPolicy, make_policy
+from tiers.base import Tier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LevelOptions:
+    policy: str = "lru"
+    write_through: bool = False  # copy every put here at once (shared remote tiers)
+    admit_min_hits: int = 0  # spill here only blocks hit >= N times; others are dropped
+    shared: bool = False  # other nodes write here: consult the tier on index misses
+
+
+@dataclass
+class TierCounters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0  # blocks pushed out of this level
+    spills: int = 0  # blocks written into this level from the level above
+    promotions: int = 0  # blocks copied from this level to the top on a hit
+    dropped: int = 0  # blocks refused by admission or falling off the last level
+    errors: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+
+
+@dataclass
+class Level:
+    tier: Tier
+    options: LevelOptions
+    retry_s: float = 2.0
+    index: dict[bytes, int] = field(default_factory=dict)
+    used: int = 0
+    counters: TierCounters = field(default_factory=TierCounters)
+    leaving: set[bytes] = field(default_factory=set)  # victims being moved out
+    leaving_bytes: int = 0
+    down_until: float = 0.0
+    last_error: str = ""
+    policy: EvictionPolicy = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.policy = make_policy(self.options.policy, self.tier.capacity_bytes)
+
+    @property
+    def name(self) -> str:
+        return self.tier.name
+
+    @property
+    def capacity(self) -> int:
+        return self.tier.capacity_bytes
+
+    def available(self) -> bool:
+        return time.monotonic() >= self.down_until
+
+    def has(self, key: bytes) -> bool:
+        return key in self.index and self.available()
+
+    def fail(self, exc: BaseException) -> None:
+        """Count an error and skip this level for a while."""
+        self.counters.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self.available():
+            log.warning("tier %s failed, skipping it for %.1fs: %s", self.name, self.retry_s, self.last_error)
+        self.down_until = time.monotonic() + self.retry_s
+
+    def add(self, key: bytes, size: int) -> None:
+        if key in self.index:
+            self.remove(key)
+        self.index[key] = size
+        self.used += size
+        self.policy.on_insert(key, size)
+
+    def remove(self, key: bytes) -> int | None:
+        size = self.index.pop(key, None)
+        if size is None:
+            return None
+        self.used -= size
+        self.policy.on_remove(key)
+        if key in self.leaving:
+            self.leaving.discard(key)
+            self.leaving_bytes -= size
+        return size
+
+    def touch(self, key: bytes) -> None:
+        self.policy.on_access(key)
+
+    def pick_victims(self, size: int) -> list[tuple[bytes, int]]:
+        """Mark victims as leaving until ``size`` more bytes fit. They stay readable meanwhile."""
+        out: list[tuple[bytes, int]] = []
+        while self.used - self.leaving_bytes + size > self.capacity:
+            key = self.policy.victim()
+            if key is None:
+                break
+            self.policy.on_remove(key)
+            vsize = self.index.get(key)
+            if vsize is None or key in self.leaving:
+                continue
+            self.leaving.add(key)
+            self.leaving_bytes += vsize
+            out.append((key, vsize))
+        return out

@@ -1,0 +1,50 @@
+"""Plain result types of the TieredStore, and the observer hook metrics plug into."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+
+class LookupResult(NamedTuple):
+    prefix_len: int  # how many leading keys are present, contiguously
+    tiers: list[str | None]  # tier name holding each key (fastest first), None = absent
+
+
+class TierStats(NamedTuple):
+    name: str
+    used_bytes: int
+    capacity_bytes: int
+    blocks: int
+    available: bool
+    last_error: str
+    hits: int
+    misses: int
+    evictions: int
+    spills: int
+    promotions: int
+    dropped: int
+    errors: int
+    read_bytes: int
+    write_bytes: int
+
+
+class StoreStats(NamedTuple):
+    tiers: list[TierStats]
+    pending_blocks: int  # blocks in the spill queue
+    pending_bytes: int
+
+
+class Observer(Protocol):
+    """Receives timings of tier reads/writes (metrics.py implements it with histograms)."""
+
+    def read(self, tier: str, nbytes: int, seconds: float) -> None: ...
+
+    def write(self, tier: str, nbytes: int, seconds: float) -> None: ...
+
+
+class NullObserver:
+    def read(self, tier: str, nbytes: int, seconds: float) -> None:
+        pass
+
+    def write(self, tier: str, nbytes: int, seconds: float) -> None:
+        pass

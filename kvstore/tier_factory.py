@@ -1,0 +1,60 @@
+"""Build tiers and the TieredStore from a StoreConfig: the only place config meets tiers.
+
+Tier modules are imported lazily so a daemon without S3 or Redis never imports boto3/redis.
+A tier that fails to start raises (ConfigError/TierError) instead of being silently dropped.
+"""
+
+from __future__ import annotations
+
+from kvstore.config import StoreConfig, TierConfig
+from kvstore.level import LevelOptions
+from kvstore.store_types import Observer
+from kvstore.tiered_store import TieredStore
+from tiers.base import Tier
+
+
+def build_tier(tc: TierConfig) -> Tier:
+    if tc.kind == "cpu":
+        from tiers.cpu import CpuTier
+
+        return CpuTier(tc.capacity_bytes)
+    if tc.kind == "disk":
+        from tiers.disk import DiskTier
+
+        return DiskTier(tc.path, tc.capacity_bytes)
+    if tc.kind == "s3":
+        from tiers.s3 import S3Tier
+
+        bucket, prefix = tc.bucket_prefix
+        return S3Tier(
+            tc.endpoint or None, bucket, tc.capacity_bytes, prefix=prefix,
+            access_key=tc.access_key_id or None, secret_key=tc.secret_access_key or None,
+            region=tc.region or "us-east-1",
+        )  # fmt: skip
+    from tiers.redis import RedisTier
+
+    return RedisTier(tc.url, tc.capacity_bytes, cluster=tc.cluster, ttl_s=tc.ttl_s or None)
+
+
+def level_options(tc: TierConfig) -> LevelOptions:
+    return LevelOptions(
+        policy=tc.policy, write_through=tc.write_through, admit_min_hits=tc.admit_min_hits, shared=tc.shared
+    )
+
+
+def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredStore:
+    built: list[tuple[Tier, LevelOptions]] = []
+    try:
+        for tc in cfg.tiers:
+            built.append((build_tier(tc), level_options(tc)))
+    except BaseException:
+        for tier, _ in built:
+            tier.close()
+        raise
+    return TieredStore(
+        built,
+        promote_on_hit=cfg.promote_on_hit,
+        spill_queue_bytes=cfg.spill_queue_bytes,
+        tier_retry_s=cfg.tier_retry_s,
+        observer=observer,
+    )
