@@ -68,7 +68,7 @@ class RedisTier(Tier):
         self._r: Any = None
         try:
             if cluster:
-                self._r = RedisCluster.from_url(url, cluster_error_retry_attempts=1, **opts)
+                self._r = RedisCluster.from_url(url, **opts)
             else:
                 self._r = redis.Redis.from_url(url, health_check_interval=0, **opts)
             self._r.ping()

@@ -1,0 +1,152 @@
+"""The Tier contract, run against every tier on real servers (cpu, disk, s3, redis, redis-cluster).
+
+Why a contract: the TieredStore treats tiers as interchangeable byte stores, so each one must
+agree on misses (None), overwrite semantics, batched results in key order, ``used_bytes`` and
+``scan`` (used to rebuild the index after a restart), binary keys, and what ``close`` means.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tiers.base import Tier
+from tiers.errors import BlockTooLarge, TierError
+
+pytestmark = pytest.mark.timeout(60)
+
+MiB = 1 << 20
+SIZES = [MiB // 2, MiB, 2 * MiB - 12345]  # 0.5-2 MB blocks, one of them not page-aligned
+
+
+def blob(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def as_bytes(value: object) -> bytes | None:
+    return None if value is None else bytes(value)  # type: ignore[call-overload]
+
+
+def test_round_trip_large_values(tier: Tier) -> None:
+    values = {f"key-{i}".encode(): blob(n, i) for i, n in enumerate(SIZES)}
+    for k, v in values.items():
+        tier.put(k, v)
+    for k, v in values.items():
+        assert as_bytes(tier.get(k)) == v
+        assert tier.contains(k)
+
+
+def test_overwrite_replaces_value_and_size(tier: Tier) -> None:
+    tier.put(b"k", blob(2 * MiB, 1))
+    small = blob(MiB // 2, 2)
+    tier.put(b"k", small)
+    assert as_bytes(tier.get(b"k")) == small
+    assert tier.used_bytes() == len(small)
+    assert list(tier.scan()) == [(b"k", len(small))]
+
+
+def test_miss_returns_none(tier: Tier) -> None:
+    assert tier.get(b"absent") is None
+    assert not tier.contains(b"absent")
+    assert tier.delete(b"absent") is False
+    assert tier.get_many([b"absent", b"also-absent"]) == [None, None]
+
+
+def test_delete(tier: Tier) -> None:
+    tier.put(b"gone", blob(MiB, 3))
+    tier.put(b"kept", blob(MiB, 4))
+    assert tier.delete(b"gone") is True
+    assert tier.get(b"gone") is None and not tier.contains(b"gone")
+    assert tier.delete(b"gone") is False
+    assert as_bytes(tier.get(b"kept")) == blob(MiB, 4)
+
+
+def test_batched_variants(tier: Tier) -> None:
+    items = [(f"b{i}".encode(), blob(SIZES[i % 3], 10 + i)) for i in range(6)]
+    tier.put_many(items)
+    keys = [k for k, _ in items]
+    got = tier.get_many([keys[0], b"missing", *keys[1:]])
+    assert as_bytes(got[1]) is None
+    assert [as_bytes(g) for g in got[:1] + got[2:]] == [v for _, v in items]
+    assert tier.contains_many([b"missing", keys[3]]) == [False, True]
+    assert tier.delete_many([keys[0], b"missing", keys[5]]) == 2
+    assert tier.contains_many(keys) == [False, True, True, True, True, False]
+    tier.put_many([])
+    assert tier.get_many([]) == [] and tier.contains_many([]) == [] and tier.delete_many([]) == 0
+
+
+def test_used_bytes_accounting(tier: Tier) -> None:
+    assert tier.used_bytes() == 0
+    tier.put(b"a", blob(MiB, 20))
+    tier.put_many([(b"b", blob(MiB // 2, 21)), (b"c", blob(2 * MiB, 22))])
+    assert tier.used_bytes() == MiB + MiB // 2 + 2 * MiB
+    tier.put(b"a", blob(1000, 23))  # overwrite shrinks
+    assert tier.used_bytes() == 1000 + MiB // 2 + 2 * MiB
+    tier.delete(b"c")
+    tier.delete_many([b"b", b"zz"])
+    assert tier.used_bytes() == 1000
+
+
+def test_scan_lists_keys_and_sizes(tier: Tier) -> None:
+    expected = {f"s{i}".encode(): SIZES[i % 3] for i in range(5)}
+    tier.put_many((k, blob(n, i)) for i, (k, n) in enumerate(expected.items()))
+    tier.delete(b"s4")
+    del expected[b"s4"]
+    assert dict(tier.scan()) == expected
+
+
+def test_binary_keys(tier: Tier) -> None:
+    keys = [bytes(range(32)), b"\xff" * 16, b"a*b?[c]\\d", b"\x00", bytes(range(255, 191, -1))]
+    for i, k in enumerate(keys):
+        tier.put(k, blob(1000 + i, 30 + i))
+    for i, k in enumerate(keys):
+        assert as_bytes(tier.get(k)) == blob(1000 + i, 30 + i)
+    assert sorted(k for k, _ in tier.scan()) == sorted(keys)
+    assert tier.delete(b"a*b?[c]\\d") and not tier.contains(b"a*b?[c]\\d")
+    assert tier.contains(b"\x00")
+
+
+def test_accepts_any_buffer(tier: Tier) -> None:
+    raw = blob(MiB, 40)
+    tier.put(b"ba", bytearray(raw))
+    tier.put(b"mv", memoryview(raw)[10:])
+    tier.put(b"np", np.frombuffer(raw, dtype=np.float32))
+    assert as_bytes(tier.get(b"ba")) == raw
+    assert as_bytes(tier.get(b"mv")) == raw[10:]
+    assert as_bytes(tier.get(b"np")) == raw
+    assert tier.used_bytes() == 3 * MiB - 10
+
+
+def test_empty_value(tier: Tier) -> None:
+    tier.put(b"empty", b"")
+    assert as_bytes(tier.get(b"empty")) == b""
+    assert tier.contains(b"empty")
+    assert dict(tier.scan()) == {b"empty": 0}
+
+
+def test_block_larger_than_capacity(tier_factory) -> None:  # type: ignore[no-untyped-def]
+    small = tier_factory(capacity_bytes=MiB)
+    with pytest.raises(BlockTooLarge):
+        small.put(b"big", blob(MiB + 1, 50))
+    with pytest.raises(BlockTooLarge):
+        small.put_many([(b"ok", b"x"), (b"big", blob(MiB + 1, 50))])
+    small.delete(b"ok")  # tiers may or may not have stored the items before the bad one
+    small.put(b"fits", blob(MiB, 51))
+    assert as_bytes(small.get(b"fits")) == blob(MiB, 51)
+
+
+def test_close_is_idempotent_and_final(tier: Tier) -> None:
+    tier.put(b"k", b"v")
+    tier.close()
+    tier.close()
+    for op in (lambda: tier.get(b"k"), lambda: tier.put(b"k", b"v"), lambda: tier.contains(b"k"),
+               lambda: tier.delete(b"k"), tier.used_bytes, lambda: list(tier.scan())):
+        with pytest.raises(TierError):
+            op()
+
+
+def test_context_manager_closes(tier: Tier) -> None:
+    with tier as t:
+        t.put(b"k", b"v")
+    with pytest.raises(TierError):
+        tier.get(b"k")
