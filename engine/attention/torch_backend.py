@@ -1,0 +1,87 @@
+"""Reference attention in plain torch (CPU and CUDA): gather pages, exact causal mask, SDPA.
+
+Prefill segments run one sequence at a time (a fresh prompt uses its own K/V directly with
+is_causal; a prompt with a cached prefix gathers its context from the pool with an explicit
+bottom-right causal mask). All decode tokens run as one padded batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.base import AttentionBackend
+from engine.forward_batch import ForwardBatch
+from engine.kv_pool import KVPool
+
+
+def context_slots(pages: list[int], kv_len: int, page_size: int, device: torch.device) -> torch.Tensor:
+    n_pages = (kv_len + page_size - 1) // page_size
+    p = torch.tensor(pages[:n_pages], dtype=torch.long, device=device)
+    return (p[:, None] * page_size + torch.arange(page_size, device=device)).reshape(-1)[:kv_len]
+
+
+@dataclass
+class _Meta:
+    prefill: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]]  # (start, len, ctx slots, mask)
+    decode_rows: torch.Tensor | None  # flat rows of decode tokens
+    decode_slots: torch.Tensor | None  # [B, maxlen]
+    decode_mask: torch.Tensor | None  # [B, 1, 1, maxlen] bool
+
+
+class TorchBackend(AttentionBackend):
+    name = "torch"
+
+    def prepare(self, batch: ForwardBatch, pool: KVPool, num_heads: int) -> None:
+        dev = pool.device
+        ps = pool.page_size
+        prefill = []
+        dec_rows: list[int] = []
+        dec_seqs = []
+        for s in batch.seqs:
+            if s.q_len == 1 and s.kv_len > 1:
+                dec_rows.append(s.q_start)
+                dec_seqs.append(s)
+            elif s.kv_len == s.q_len:
+                prefill.append((s.q_start, s.q_len, None, None))
+            else:
+                slots = context_slots(s.pages, s.kv_len, ps, dev)
+                qpos = torch.arange(s.kv_len - s.q_len, s.kv_len, device=dev)
+                mask = torch.arange(s.kv_len, device=dev)[None, :] <= qpos[:, None]
+                prefill.append((s.q_start, s.q_len, slots, mask))
+        rows = slots_m = mask_m = None
+        if dec_seqs:
+            maxlen = max(s.kv_len for s in dec_seqs)
+            slots_m = torch.zeros(len(dec_seqs), maxlen, dtype=torch.long, device=dev)
+            mask_m = torch.zeros(len(dec_seqs), 1, 1, maxlen, dtype=torch.bool, device=dev)
+            for i, s in enumerate(dec_seqs):
+                slots_m[i, : s.kv_len] = context_slots(s.pages, s.kv_len, ps, dev)
+                mask_m[i, ..., : s.kv_len] = True
+            rows = torch.tensor(dec_rows, dtype=torch.long, device=dev)
+        batch.attn_meta = _Meta(prefill, rows, slots_m, mask_m)
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        meta: _Meta = batch.attn_meta
+        kc, vc = pool.layer_kv(layer)
+        out = torch.empty_like(q)
+        for start, n, slots, mask in meta.prefill:
+            qs = q[start : start + n].transpose(0, 1).unsqueeze(0)
+            if slots is None:
+                ks = k[start : start + n].transpose(0, 1).unsqueeze(0)
+                vs = v[start : start + n].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            else:
+                ks = kc[slots].transpose(0, 1).unsqueeze(0)
+                vs = vc[slots].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+            out[start : start + n] = o[0].transpose(0, 1)
+        if meta.decode_rows is not None:
+            qd = q[meta.decode_rows].unsqueeze(2)  # [B, Hq, 1, D]
+            kd = kc[meta.decode_slots].transpose(1, 2)  # [B, Hkv, S, D]
+            vd = vc[meta.decode_slots].transpose(1, 2)
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True)
+            out[meta.decode_rows] = o.squeeze(2)
+        return out

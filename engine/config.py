@@ -1,0 +1,72 @@
+"""One frozen configuration object for an engine process, validated on construction."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def parse_size(text: str | int) -> int:
+    """'512MiB' / '2GiB' / '1.5GB' / '1000' -> bytes."""
+    if isinstance(text, int):
+        return text
+    s = text.strip().lower().replace(" ", "")
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 2**10, "m": 2**20, "g": 2**30, "b": 1}
+    for u in sorted(units, key=len, reverse=True):
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * units[u])
+    return int(float(s))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = ""  # "" = the bundled SmolLM2-135M-Instruct; else a local HF dir or a .gguf file
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    page_size: int = 16
+    kv_memory: int = 512 * 2**20  # bytes for the paged KV pool
+    num_pages: int = 0  # overrides kv_memory when > 0 (tests)
+    max_num_seqs: int = 64  # running requests at once
+    max_prefill_tokens: int = 2048  # token budget of one step (chunked prefill)
+    max_model_len: int = 0  # 0 = the model's max_position_embeddings
+    attention_backend: str = "auto"  # auto | torch | flashinfer
+    num_threads: int = 0  # torch intra-op threads on CPU; 0 = leave torch's default
+    seed: int = 0
+    served_model_name: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.page_size <= 0 or self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+        if self.kv_memory <= 0 and self.num_pages <= 0:
+            raise ValueError("kv_memory or num_pages must be > 0")
+        if self.max_num_seqs <= 0:
+            raise ValueError("max_num_seqs must be > 0")
+        if self.max_prefill_tokens < self.page_size:
+            raise ValueError("max_prefill_tokens must be >= page_size")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"unknown device {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.attention_backend not in ("auto", "torch", "flashinfer"):
+            raise ValueError(f"unknown attention backend {self.attention_backend!r}")
+
+    @staticmethod
+    def from_env(**overrides: object) -> EngineConfig:
+        """Defaults < TIERKV_ENGINE_* environment < explicit overrides (CLI flags)."""
+        env: dict[str, object] = {}
+        for name, f in EngineConfig.__dataclass_fields__.items():
+            raw = os.environ.get(f"TIERKV_ENGINE_{name.upper()}")
+            if raw is None or name == "extra":
+                continue
+            if name == "kv_memory":
+                env[name] = parse_size(raw)
+            elif f.type in ("int", int):
+                env[name] = int(raw)
+            else:
+                env[name] = raw
+        env.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(env.get("kv_memory"), str):
+            env["kv_memory"] = parse_size(env["kv_memory"])  # type: ignore[arg-type]
+        return EngineConfig(**env)  # type: ignore[arg-type]

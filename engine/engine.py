@@ -1,0 +1,148 @@
+"""LLMEngine: model + KV pool + radix cache + scheduler, driven one step at a time.
+
+``step()`` asks the scheduler what to feed, runs one forward pass over it, samples for the
+requests whose pending tokens are all fed, applies stop rules and returns per-request deltas.
+``generate()`` is the offline convenience over the same loop. The server drives ``step()``
+from a background thread (engine/async_engine.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import torch
+
+from engine.attention import select_backend
+from engine.config import EngineConfig
+from engine.errors import InvalidRequestError
+from engine.forward_batch import ForwardBatch
+from engine.kv_pool import KVPool
+from engine.model import LlamaModel
+from engine.model_loader import LoadedModel, load_model
+from engine.radix_cache import RadixCache
+from engine.request import Request, RequestOutput, Status
+from engine.sampling import SamplingParams, sample
+from engine.scheduler import Scheduler
+from engine.stop import StopChecker
+
+log = logging.getLogger(__name__)
+
+
+def _pick_device(cfg: EngineConfig) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def _pick_dtype(cfg: EngineConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.dtype)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.cfg = config
+        if config.num_threads > 0:
+            torch.set_num_threads(config.num_threads)
+        self.device = _pick_device(config)
+        self.dtype = _pick_dtype(config, self.device)
+        self.loaded = loaded if loaded is not None else load_model(config.model)
+        self.arch = self.loaded.arch
+        self.tokenizer = self.loaded.tokenizer
+        self.model = LlamaModel(self.arch, self.loaded.weights, self.device, self.dtype)
+        num_pages = config.num_pages or KVPool.pages_for_budget(self.arch, config.kv_memory, config.page_size,
+                                                                  self.dtype)
+        self.pool = KVPool(self.arch, num_pages, config.page_size, self.dtype, self.device)
+        self.radix = RadixCache(config.page_size, self.pool.allocator, on_evict=self._on_evict)
+        self.evict_listeners: list = []
+        self.attn = select_backend(config.attention_backend, self.device)
+        self.max_model_len = config.max_model_len or self.arch.max_position_embeddings
+        self.scheduler = Scheduler(config, self.pool, self.radix, self.max_model_len)
+        self.stop = StopChecker(self.tokenizer, self.arch.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self.default_generator = torch.Generator().manual_seed(config.seed)
+        self.stats = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0, "forward_s": 0.0}
+        log.info("engine ready: %s on %s/%s, %d pages x %d tokens, attention=%s", self.loaded.name,
+                 self.device, self.dtype, num_pages, config.page_size, self.attn.name)
+
+    # -- hooks -------------------------------------------------------------------------
+    def _on_evict(self, nodes) -> None:
+        for fn in self.evict_listeners:
+            fn(nodes)
+
+    # -- requests ----------------------------------------------------------------------
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    rid: str | None = None, cache_salt: str | None = None) -> str:
+        params = params or SamplingParams()
+        ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if any(t < 0 or t >= self.arch.vocab_size for t in ids):
+            raise InvalidRequestError(f"token ids must be in [0, {self.arch.vocab_size})", "prompt")
+        rid = rid or uuid.uuid4().hex
+        if rid in self.requests:
+            raise InvalidRequestError(f"duplicate request id {rid}")
+        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.default_generator
+        req = Request(rid, list(ids), params, cache_salt=cache_salt, generator=gen)
+        self.scheduler.add(req)  # raises PromptTooLongError before anything is held
+        self.requests[rid] = req
+        return rid
+
+    def abort(self, rid: str) -> None:
+        self.scheduler.abort(rid)
+        self.requests.pop(rid, None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- one step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        seqs, needs_logits = [], []
+        for req, n in plan:
+            start = req.num_computed
+            seqs.append((req.all_ids[start : start + n], start, req.pages))
+            needs_logits.append(start + n == req.num_tokens)
+        batch = ForwardBatch.build(seqs, self.pool.page_size, self.device, logits=needs_logits)
+        t0 = time.perf_counter()
+        logits = self.model.forward(batch, self.pool, self.attn)
+        self.stats["forward_s"] += time.perf_counter() - t0
+        self.stats["steps"] += 1
+        outs: list[RequestOutput] = []
+        row = 0
+        now = time.monotonic()
+        for (req, n), want in zip(plan, needs_logits, strict=True):
+            req.num_computed += n
+            if req.num_preemptions == 0 or req.num_computed > len(req.prompt_ids):
+                self.stats["prompt_tokens"] += max(0, min(n, len(req.prompt_ids) - (req.num_computed - n)))
+            if not want:
+                continue
+            tok = sample(logits[row], req.params, req.generator)
+            row += 1
+            if req.first_token_time is None:
+                req.first_token_time = now
+            req.output_ids.append(tok)
+            self.stats["generated_tokens"] += 1
+            new_text, reason = self.stop.update(req)
+            if reason is not None:
+                self.scheduler.finish(req, reason)
+                self.requests.pop(req.rid, None)
+            outs.append(RequestOutput(req.rid, [tok], new_text, req.finished, req.finish_reason,
+                                      len(req.prompt_ids), len(req.output_ids), req.cached_tokens))
+        return outs
+
+    # -- offline convenience -------------------------------------------------------------
+    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+                 | None = None) -> list[Request]:
+        plist = params if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        reqs = {rid: self.requests[rid] for rid in rids}
+        while any(r.status is not Status.FINISHED for r in reqs.values()):
+            self.step()
+        return [reqs[r] for r in rids]

@@ -1,0 +1,105 @@
+"""The engine's own forward pass for Llama-family decoders (Llama, Mistral, Qwen2).
+
+RMSNorm -> fused QKV projection -> RoPE -> paged attention -> O projection -> RMSNorm ->
+fused gate/up SwiGLU -> down projection; logits only at the rows a step needs. Weights come
+from model_loader as HF-named tensors; QKV and gate/up are fused once here so a layer runs
+three matmuls instead of six.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.base import AttentionBackend
+from engine.forward_batch import ForwardBatch
+from engine.kv_pool import KVPool
+from engine.model_loader import ModelArch
+from engine.rope import Rotary
+
+
+@dataclass
+class _Layer:
+    ln_in: torch.Tensor
+    w_qkv: torch.Tensor
+    b_qkv: torch.Tensor | None
+    w_o: torch.Tensor
+    ln_post: torch.Tensor
+    w_gate_up: torch.Tensor
+    w_down: torch.Tensor
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+class LlamaModel:
+    def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.arch = arch
+        self.device = device
+        self.dtype = dtype
+        cv = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+        self.embed = cv(weights["model.embed_tokens.weight"])
+        self.lm_head = self.embed if arch.tie_word_embeddings or "lm_head.weight" not in weights \
+            else cv(weights["lm_head.weight"])
+        self.norm = cv(weights["model.norm.weight"])
+        self.layers: list[_Layer] = []
+        for i in range(arch.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            bias = None
+            if arch.attention_bias and a + "q_proj.bias" in weights:
+                bias = cv(torch.cat([weights[a + n + "_proj.bias"] for n in "qkv"]))
+            self.layers.append(_Layer(
+                ln_in=cv(weights[p + "input_layernorm.weight"]),
+                w_qkv=cv(torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"])),
+                b_qkv=bias,
+                w_o=cv(weights[a + "o_proj.weight"]),
+                ln_post=cv(weights[p + "post_attention_layernorm.weight"]),
+                w_gate_up=cv(torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])),
+                w_down=cv(weights[p + "mlp.down_proj.weight"]),
+            ))
+        self.rotary = Rotary(arch.head_dim, arch.rope_theta, min(arch.max_position_embeddings, 8192),
+                             dict(arch.rope_scaling) or None, device=device, dtype=dtype)
+        self.q_size = arch.num_heads * arch.head_dim
+        self.kv_size = arch.num_kv_heads * arch.head_dim
+
+    # The layer pieces are public so CacheBlend can run layers selectively.
+    def qkv(self, layer: int, h: torch.Tensor, positions: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a, L = self.arch, self.layers[layer]
+        x = rms_norm(h, L.ln_in, a.rms_norm_eps)
+        qkv = F.linear(x, L.w_qkv, L.b_qkv)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, a.num_heads, a.head_dim)
+        k = k.view(-1, a.num_kv_heads, a.head_dim)
+        v = v.reshape(-1, a.num_kv_heads, a.head_dim)
+        q, k = self.rotary.apply(q, k, positions)
+        return q, k, v
+
+    def finish_layer(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        a, L = self.arch, self.layers[layer]
+        h = h + F.linear(attn_out.reshape(h.shape[0], -1), L.w_o)
+        x = rms_norm(h, L.ln_post, a.rms_norm_eps)
+        gate, up = F.linear(x, L.w_gate_up).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, L.w_down)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(h, self.norm, self.arch.rms_norm_eps), self.lm_head).float()
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, pool: KVPool, attn: AttentionBackend) -> torch.Tensor:
+        """Run the batch, writing new K/V into the pool; return logits [len(logit_indices), vocab]."""
+        attn.prepare(batch, pool, self.arch.num_heads)
+        h = self.embed[batch.input_ids]
+        for i in range(self.arch.num_layers):
+            q, k, v = self.qkv(i, h, batch.positions)
+            pool.write(i, batch.out_slots, k, v)
+            o = attn.forward(i, q, k, v, batch, pool)
+            h = self.finish_layer(i, h, o)
+        return self.logits(h[batch.logit_indices])

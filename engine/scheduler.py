@@ -1,0 +1,198 @@
+"""Continuous batching with chunked prefill, radix prefix reuse and preemption by recompute.
+
+Every step the scheduler hands the engine a list of (request, n_tokens) to feed:
+  1. every running request that is decoding feeds its one token (pages permitting; when
+     the pool is full it evicts radix leaves, then preempts the newest running request);
+  2. running requests still in prefill take chunks from the step's token budget;
+  3. waiting requests are admitted first-come-first-served while budget and seats remain:
+     the radix cache (and, when attached, the connector) supplies the longest cached prefix,
+     the rest is prefilled in chunks.
+A finished request gives its full pages to the radix cache; a preempted one does too, so its
+recompute can hit whatever survives eviction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Protocol
+
+from engine.config import EngineConfig
+from engine.errors import PromptTooLongError
+from engine.kv_pool import KVPool
+from engine.radix_cache import RadixCache
+from engine.request import Request, Status
+
+log = logging.getLogger(__name__)
+
+
+class AdmissionHook(Protocol):
+    """What the scheduler asks of a KV connector (see connector/)."""
+
+    def on_admit(self, req: Request, scheduler: Scheduler) -> None:
+        """Called after the local radix match: may load more pages (extending req.pages and
+        req.num_computed page-aligned)."""
+
+    def on_finish(self, req: Request, scheduler: Scheduler) -> None:
+        """Called before a finished request's pages are released."""
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, pool: KVPool, radix: RadixCache, max_model_len: int) -> None:
+        self.cfg = config
+        self.pool = pool
+        self.radix = radix
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.hook: AdmissionHook | None = None
+        self.num_preemptions = 0
+
+    # -- queue management ---------------------------------------------------------------
+    def capacity_tokens(self) -> int:
+        return self.pool.num_pages * self.pool.page_size
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        total = prompt_len + max_tokens
+        if total > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+                f"context length {self.max_model_len}", "max_tokens")
+        if total > self.capacity_tokens():
+            raise PromptTooLongError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the KV pool "
+                f"({self.capacity_tokens()} tokens); raise --kv-memory", "max_tokens")
+
+    def add(self, req: Request) -> None:
+        self.check_fits(len(req.prompt_ids), req.params.max_tokens)
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- pages --------------------------------------------------------------------------
+    def _pages_needed(self, req: Request, upto: int) -> int:
+        return max(0, -(-upto // self.pool.page_size) - len(req.pages))
+
+    def alloc(self, n: int) -> list[int] | None:
+        """n fresh pages, evicting radix leaves if needed; None if even that is not enough."""
+        alloc = self.pool.allocator
+        if n > alloc.num_free():
+            self.radix.evict(n - alloc.num_free())
+        return alloc.alloc(n)
+
+    def _grow(self, req: Request, upto: int) -> bool:
+        need = self._pages_needed(req, upto)
+        if need == 0:
+            return True
+        pages = self.alloc(need)
+        if pages is None:
+            return False
+        req.pages.extend(pages)
+        return True
+
+    def _release(self, req: Request, cache: bool) -> None:
+        """Drop the request's hold on its pages, first giving full computed pages to the radix."""
+        ps = self.pool.page_size
+        if cache:
+            n_full = min(req.num_computed // ps, len(req.pages))
+            if n_full:
+                self.radix.insert(req.all_ids[: n_full * ps], req.pages[:n_full])
+        if req.radix_node is not None:
+            self.radix.unlock(req.radix_node)
+            req.radix_node = None
+        self.pool.allocator.decref(req.pages)
+        req.pages = []
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def _admit(self, req: Request) -> None:
+        """Match the cached prefix; the request keeps refs on those pages and locks the node."""
+        ids = req.all_ids
+        m = self.radix.match_prefix(ids[:-1], record_stats=req.num_preemptions == 0)
+        self.pool.allocator.incref(m.pages)
+        self.radix.lock(m.node)
+        req.radix_node = m.node
+        req.pages = list(m.pages)
+        req.num_computed = m.num_tokens
+        if self.hook is not None:
+            self.hook.on_admit(req, self)
+        if not req.cached_reported:
+            req.cached_tokens = req.num_computed
+            req.cached_reported = True
+        req.status = Status.RUNNING
+
+    def finish(self, req: Request, reason: str) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if self.hook is not None and req.pages:
+            self.hook.on_finish(req, self)
+        if req.pages or req.radix_node is not None:
+            self._release(req, cache=True)
+
+    def preempt(self, req: Request) -> None:
+        log.info("preempting %s (%d tokens computed) to free pages", req.rid, req.num_computed)
+        self.running.remove(req)
+        self._release(req, cache=True)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def abort(self, rid: str) -> Request | None:
+        for req in list(self.running) + list(self.waiting):
+            if req.rid == rid:
+                self.finish(req, "abort")
+                return req
+        return None
+
+    # -- the step plan ------------------------------------------------------------------
+    def schedule(self) -> list[tuple[Request, int]]:
+        plan: list[tuple[Request, int]] = []
+        budget = self.cfg.max_prefill_tokens
+        # 1. decodes, oldest first; preempt the newest when pages run out
+        for req in sorted((r for r in self.running if r.remaining == 1), key=lambda r: r.arrival):
+            if req.status is not Status.RUNNING:
+                continue
+            while not self._grow(req, req.num_tokens):
+                victims = [r for r in self.running if r is not req and r.status is Status.RUNNING]
+                victim = max(victims, key=lambda r: r.arrival) if victims else req
+                self.preempt(victim)
+                plan = [(r, n) for r, n in plan if r is not victim]
+                if victim is req:
+                    break
+            if req.status is Status.RUNNING:
+                plan.append((req, 1))
+        budget = max(budget - len(plan), 0)
+        # 2. running prefills continue
+        for req in sorted((r for r in self.running if r.remaining > 1), key=lambda r: r.arrival):
+            if budget <= 0:
+                break
+            n = min(req.remaining, budget)
+            if not self._grow(req, req.num_computed + n):
+                continue
+            plan.append((req, n))
+            budget -= n
+        # 3. admit waiting requests
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            self._admit(req)
+            n = min(req.remaining, budget)
+            if not self._grow(req, req.num_computed + n):
+                self._release(req, cache=False)
+                req.num_computed = 0
+                req.status = Status.WAITING
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            plan.append((req, n))
+            budget -= n
+        if not plan and len(self.running) > 1:
+            # every running prefill is stuck waiting for pages: free some by preempting the newest
+            self.preempt(max(self.running, key=lambda r: r.arrival))
+            return self.schedule()
+        return plan
