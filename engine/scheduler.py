@@ -45,7 +45,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.hook: AdmissionHook | None = None
+        self.hooks: list[AdmissionHook] = []  # connector, CacheBlend: called in order
         self.num_preemptions = 0
 
     # -- queue management ---------------------------------------------------------------
@@ -114,8 +114,8 @@ class Scheduler:
         req.radix_node = m.node
         req.pages = list(m.pages)
         req.num_computed = m.num_tokens
-        if self.hook is not None:
-            self.hook.on_admit(req, self)
+        for hook in self.hooks:
+            hook.on_admit(req, self)
         if not req.cached_reported:
             req.cached_tokens = req.num_computed
             req.cached_reported = True
@@ -128,8 +128,9 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        if self.hook is not None and req.pages:
-            self.hook.on_finish(req, self)
+        if req.pages:
+            for hook in self.hooks:
+                hook.on_finish(req, self)
         if req.pages or req.radix_node is not None:
             self._release(req, cache=True)
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from kvstore.errors import StoreClosed
 from kvstore.level import Level, LevelOptions
@@ -48,9 +48,9 @@ class _Job:
     move: bool  # True: the block left the level above (tracked in _pending); False: a copy
 
 
-class _Found(NamedTuple):
-    level: int  # -1: found in the spill queue
-    value: bytes | None
+def _own(data: Buffer) -> bytes:
+    """An immutable copy (no copy for bytes): queued blocks must not change under us."""
+    return data if isinstance(data, bytes) else bytes(data)
 
 
 class TieredStore:
@@ -80,15 +80,15 @@ class TieredStore:
     # -- public API --------------------------------------------------------------------
     def put(self, key: bytes, value: Buffer) -> bool:
         """Store a block. Returns False (and writes nothing) when the key is already held."""
-        data = value if isinstance(value, bytes) else bytes(value)
+        data = value if isinstance(value, bytes | bytearray) else memoryview(value).cast("B")
         with self._lock:
             self._check_open()
-            if len(data) > max(lv.capacity for lv in self.levels):
+            if len(data) > self.max_block_bytes:
                 raise BlockTooLarge(f"block of {len(data)} bytes exceeds every tier")
             if self._locate(key) is not None:
                 return False
             jobs = self._insert_top(key, data)
-            jobs += [_Job(key, data, i, False) for i, lv in enumerate(self.levels) if i > 0
+            jobs += [_Job(key, _own(data), i, False) for i, lv in enumerate(self.levels) if i > 0
                      and lv.options.write_through and lv.available() and key not in lv.index]  # fmt: skip
         self._enqueue(jobs)
         return True
@@ -115,6 +115,11 @@ class TieredStore:
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return [self.get(k) for k in keys]
+
+    @property
+    def max_block_bytes(self) -> int:
+        """The largest block any level can hold; larger puts raise BlockTooLarge."""
+        return max(lv.capacity for lv in self.levels)
 
     def lookup(self, keys: Sequence[bytes]) -> LookupResult:
         """How many leading keys are present (contiguously), and the tier holding each key."""
@@ -234,16 +239,16 @@ class TieredStore:
         if lv.index:
             log.info("tier %s: found %d blocks (%d bytes) from a previous run", lv.name, len(lv.index), lv.used)
 
-    def _move_down(self, key: bytes, data: bytes, target: int) -> list[_Job]:
+    def _move_down(self, key: bytes, data: Buffer, target: int) -> list[_Job]:
         """Queue ``key`` to spill into ``target`` (caller holds the lock)."""
         if target >= len(self.levels):
             self.levels[-1].counters.dropped += 1
             return []
-        job = _Job(key, data, target, True)
+        job = _Job(key, _own(data), target, True)
         self._pending[key] = job
         return [job]
 
-    def _insert_top(self, key: bytes, data: bytes) -> list[_Job]:
+    def _insert_top(self, key: bytes, data: Buffer) -> list[_Job]:
         """Write into level 0, evicting to the spill queue (caller holds the lock)."""
         top = self.levels[0]
         if not top.available() or len(data) > top.capacity:
