@@ -251,7 +251,7 @@ class SeaweedS3:
             client.close()
 
     def stop(self) -> None:
-        self._p.stop(grace_s=5)
+        self._p.stop(grace_s=1)  # weed lingers for seconds after SIGTERM; its data is throwaway
         for port in self._ports:  # weed leaves unix sockets named after its ports in /tmp
             for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
                 sock.unlink(missing_ok=True)
