@@ -1,0 +1,73 @@
+"""``kvstore serve [flags]`` runs the daemon; ``kvstore stats --address ADDR`` prints a table."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from kvstore.config import build_arg_parser, load_config
+from kvstore.errors import KVStoreError
+from tiers.errors import TierKVError
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def print_stats(address: str, deadline_s: float) -> int:
+    from kvstore.client import KVStoreClient
+
+    with KVStoreClient(address, deadline_s=deadline_s, use_shm=False) as c:
+        st = c.stats()
+    cols = ("tier", "used", "capacity", "blocks", "hits", "misses", "evict", "spills", "promo", "dropped", "errors", "up")
+    rows = [
+        (t.name, _fmt_bytes(t.used_bytes), _fmt_bytes(t.capacity_bytes), t.blocks, t.hits, t.misses, t.evictions,
+         t.spills, t.promotions, t.dropped, t.errors, "yes" if t.available else "NO")
+        for t in st.tiers
+    ]  # fmt: skip
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
+    for row in (cols, *rows):
+        print("  ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=True)))
+    print(f"spill queue: {st.pending_blocks} blocks, {_fmt_bytes(st.pending_bytes)}")
+    for t in st.tiers:
+        if t.last_error:
+            print(f"{t.name} last error: {t.last_error}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvstore", description="tierkv KV-cache daemon")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    serve_p = sub.add_parser("serve", help="run the daemon", add_help=False)
+    build_arg_parser(serve_p)
+    serve_p.add_argument("-h", "--help", action="help")
+    serve_p.add_argument("--log-level", default="INFO")
+    stats_p = sub.add_parser("stats", help="print the daemon's per-tier statistics")
+    stats_p.add_argument("--address", default="127.0.0.1:50551")
+    stats_p.add_argument("--deadline", type=float, default=5.0)
+    args, _ = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.cmd == "stats":
+            return print_stats(args.address, args.deadline)
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        rest = argv[argv.index("serve") + 1 :]
+        if "--log-level" in rest:
+            i = rest.index("--log-level")
+            del rest[i : i + 2]
+        from kvstore.server import serve
+
+        return serve(load_config(rest))
+    except (KVStoreError, TierKVError) as e:
+        print(f"kvstore: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

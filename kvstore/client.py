@@ -1,0 +1,296 @@
+"""Python client of the kvstore daemon: deadlines, retries with backoff, batching, and the
+same-host shared-memory path (``use_shm=None`` = try it, fall back to streaming).
+
+Errors are typed: an unreachable daemon raises KVStoreUnavailable within roughly
+``retry.attempts x deadline_s`` at worst (refused connections fail in milliseconds), never hangs;
+a refused request raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's
+message.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+import grpc
+
+from kvstore.block import Block, decode_block
+from kvstore.errors import (
+    ChecksumError,
+    InvalidRequest,
+    KVStoreError,
+    KVStoreUnavailable,
+    ResourceExhausted,
+)
+from kvstore.proto import kvstore_pb2 as pb
+from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.retry import Retry
+from kvstore.shm import HEADER_BYTES, ShmSegment
+from kvstore.store_types import LookupResult, StoreStats, TierStats
+from tiers.base import Buffer
+
+T = TypeVar("T")
+_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_ALIGN = 64
+
+
+class _StaleSession(Exception):
+    """The daemon forgot our shm session (restarted): attach a fresh segment and retry."""
+
+
+def _translate(e: grpc.RpcError) -> KVStoreError:
+    code, msg = e.code(), e.details() or ""
+    if code in _RETRY_CODES:
+        return KVStoreUnavailable(f"daemon unavailable ({code.name}): {msg}")
+    if code == grpc.StatusCode.DATA_LOSS:
+        return ChecksumError(msg)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhausted(msg)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequest(msg)
+    return KVStoreError(f"{code.name}: {msg}")
+
+
+class KVStoreClient:
+    def __init__(
+        self,
+        address: str,
+        deadline_s: float = 10.0,
+        retry: Retry | None = None,
+        use_shm: bool | None = None,
+        shm_bytes: int = 128 * 1024**2,
+        max_message_bytes: int = 8 * 1024**2,
+        chunk_bytes: int = 4 * 1024**2,
+        batch_bytes: int = 64 * 1024**2,
+        batch_keys: int = 512,
+    ) -> None:
+        self.address, self.deadline_s = address, deadline_s
+        self.retry = retry or Retry()
+        self.chunk_bytes, self.batch_bytes, self.batch_keys = chunk_bytes, batch_bytes, batch_keys
+        self._channel = grpc.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+            ],
+        )
+        self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._shm_wanted = use_shm is not False
+        self._shm_required = use_shm is True
+        self._shm_bytes = shm_bytes
+        self._shm_free: list[tuple[ShmSegment, str]] = []
+        self._shm_lock = threading.Lock()
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _call(self, fn: Callable[[], T]) -> T:
+        def once() -> T:
+            try:
+                return fn()
+            except _StaleSession:
+                return fn()  # a fresh segment was attached by _acquire on the retry
+
+        try:
+            return self.retry.call(
+                once, lambda e: isinstance(e, grpc.RpcError) and e.code() in _RETRY_CODES
+            )
+        except grpc.RpcError as e:
+            raise _translate(e) from None
+
+    def _acquire(self) -> tuple[ShmSegment, str] | None:
+        if not self._shm_wanted:
+            return None
+        with self._shm_lock:
+            if self._shm_free:
+                return self._shm_free.pop()
+        seg = ShmSegment.create(self._shm_bytes)
+        try:
+            resp = self._stub.AttachShm(
+                pb.AttachShmRequest(name=seg.name, size=seg.size, token=seg.token), timeout=self.deadline_s
+            )
+        finally:
+            seg.unlink()  # mapped on both sides (or refused): the name is no longer needed
+        if not resp.ok:
+            seg.close()
+            if self._shm_required:
+                raise KVStoreError(f"shared memory refused by the daemon: {resp.reason}")
+            self._shm_wanted = False
+            return None
+        return seg, resp.session
+
+    def _release(self, handle: tuple[ShmSegment, str]) -> None:
+        with self._shm_lock:
+            self._shm_free.append(handle)
+
+    def _with_shm(self, rpc: Callable[[tuple[ShmSegment, str] | None], T]) -> T:
+        handle = self._acquire()
+        try:
+            return rpc(handle)
+        except grpc.RpcError as e:
+            if handle is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                with self._shm_lock:  # the daemon restarted: every session we hold is stale
+                    stale, self._shm_free = self._shm_free, []
+                for seg, _ in [handle, *stale]:
+                    seg.close()
+                handle = None
+                raise _StaleSession() from e
+            raise
+        finally:
+            if handle is not None:
+                self._release(handle)
+
+    @property
+    def shm_active(self) -> bool:
+        """Whether bulk bytes currently go through shared memory (known after the first call)."""
+        return self._shm_wanted and bool(self._shm_free)
+
+    # -- API -----------------------------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes]) -> LookupResult:
+        resp = self._call(lambda: self._stub.Lookup(pb.LookupRequest(keys=list(keys)), timeout=self.deadline_s))
+        return LookupResult(resp.prefix_len, [t or None for t in resp.tiers])
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        resp = self._call(lambda: self._stub.Delete(pb.DeleteRequest(keys=list(keys)), timeout=self.deadline_s))
+        return int(resp.deleted)
+
+    def stats(self) -> StoreStats:
+        r = self._call(lambda: self._stub.Stats(pb.StatsRequest(), timeout=self.deadline_s))
+        tiers = [TierStats(**{f: getattr(t, f) for f in TierStats._fields}) for t in r.tiers]
+        return StoreStats(tiers, r.pending_blocks, r.pending_bytes)
+
+    def put(self, key: bytes, block: Buffer) -> bool:
+        return self.put_many([(key, block)])[0]
+
+    def put_many(
+        self, items: Sequence[tuple[bytes, Buffer]], dtype: str = "", shape: Sequence[int] = ()
+    ) -> list[bool]:
+        """Store encoded blocks; True per block stored, False when the daemon already held it.
+
+        ``dtype``/``shape`` (optional) are checked by the daemon against every block.
+        """
+        out: list[bool] = []
+        for batch in self._batches(items):
+            out += self._call(lambda b=batch: self._with_shm(lambda h: self._put_batch(b, h, dtype, shape)))
+        return out
+
+    def _batches(self, items: Sequence[tuple[bytes, Buffer]]) -> Iterator[list[tuple[bytes, memoryview]]]:
+        limit = min(self.batch_bytes, self._shm_bytes) if self._shm_wanted else self.batch_bytes
+        batch: list[tuple[bytes, memoryview]] = []
+        size = 0
+        for k, v in items:
+            mv = memoryview(v).cast("B")
+            n = (mv.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            if batch and (size + n > limit or len(batch) >= self.batch_keys):
+                yield batch
+                batch, size = [], 0
+            batch.append((k, mv))
+            size += n
+        if batch:
+            yield batch
+
+    def _put_batch(
+        self, batch: list[tuple[bytes, memoryview]], handle: tuple[ShmSegment, str] | None, dtype: str,
+        shape: Sequence[int],
+    ) -> list[bool]:  # fmt: skip
+        specs = [pb.BlockSpec(key=k, size=v.nbytes, dtype=dtype, shape=list(shape)) for k, v in batch]
+        refs: list[pb.ShmRef] = []
+        streamed = list(range(len(batch)))
+        session = ""
+        if handle is not None:
+            seg, session = handle
+            pos, streamed = HEADER_BYTES, []
+            for i, (_, v) in enumerate(batch):
+                if pos + v.nbytes <= seg.size:
+                    seg.buf[pos : pos + v.nbytes] = v
+                    refs.append(pb.ShmRef(index=i, offset=pos, length=v.nbytes))
+                    pos += (v.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+                else:
+                    streamed.append(i)
+
+        def messages() -> Iterator[pb.PutRequest]:
+            yield pb.PutRequest(begin=pb.PutBegin(blocks=specs, shm_session=session if refs else ""))
+            for i in streamed:
+                v = batch[i][1]
+                for off in range(0, v.nbytes, self.chunk_bytes):
+                    data = bytes(v[off : off + self.chunk_bytes])
+                    yield pb.PutRequest(chunk=pb.PutChunk(index=i, offset=off, data=data))
+            yield pb.PutRequest(commit=pb.PutCommit(shm=refs))
+
+        resp = self._stub.Put(messages(), timeout=self.deadline_s)
+        return [s == pb.STORED for s in resp.status]
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Encoded blocks (None for a miss), in the order of ``keys``."""
+        out: list[bytes | None] = []
+        for start in range(0, len(keys), self.batch_keys):
+            chunk = list(keys[start : start + self.batch_keys])
+            out += self._call(lambda c=chunk: self._with_shm(lambda h: self._get_batch(c, h)))
+        return out
+
+    def get_blocks(self, keys: Sequence[bytes], verify: bool = True) -> list[Block | None]:
+        """Decoded blocks; raises ChecksumError if a block was corrupted at rest or in transit."""
+        return [None if b is None else decode_block(b, verify=verify) for b in self.get_many(keys)]
+
+    def _get_batch(self, keys: list[bytes], handle: tuple[ShmSegment, str] | None) -> list[bytes | None]:
+        out: list[bytes | None] = [None] * len(keys)
+        if handle is None:
+            parts: dict[int, bytearray] = {}
+            for r in self._stub.Get(pb.GetRequest(keys=keys), timeout=self.deadline_s):
+                if r.found:
+                    buf = parts.setdefault(r.index, bytearray(r.total))
+                    buf[r.offset : r.offset + len(r.data)] = r.data
+            for i, buf in parts.items():
+                out[i] = bytes(buf)
+            return out
+        seg, session = handle
+        todo = list(range(len(keys)))
+        while todo:
+            req = pb.GetRequest(
+                keys=[keys[i] for i in todo], shm_session=session, shm_offset=HEADER_BYTES,
+                shm_length=seg.data_bytes,
+            )  # fmt: skip
+            (resp,) = list(self._stub.Get(req, timeout=self.deadline_s))
+            again: list[int] = []
+            for b in resp.shm:
+                i = todo[b.index]
+                if b.deferred:
+                    if b.length > seg.data_bytes:  # can never fit: fetch this one by streaming
+                        out[i] = self._get_batch([keys[i]], None)[0]
+                    else:
+                        again.append(i)
+                elif b.found:
+                    out[i] = bytes(seg.buf[b.offset : b.offset + b.length])
+            if len(again) == len(todo):
+                raise KVStoreError("daemon deferred every block of a shared-memory get")
+            todo = again
+        return out
+
+    def health(self) -> bool:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.deadline_s)
+        except grpc.RpcError:
+            return False
+        return r.status == health_pb2.HealthCheckResponse.SERVING
+
+    def close(self) -> None:
+        with self._shm_lock:
+            handles, self._shm_free = self._shm_free, []
+        for seg, session in handles:
+            try:
+                self._stub.DetachShm(pb.DetachShmRequest(session=session), timeout=1.0)
+            except grpc.RpcError:
+                pass
+            seg.close()
+        self._channel.close()
+
+    def __enter__(self) -> KVStoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

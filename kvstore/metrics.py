@@ -1,0 +1,96 @@
+"""Prometheus metrics of one TieredStore, on a registry of its own (no globals).
+
+Counters and usage are kept by the store itself (one source of truth, also used by the Stats
+RPC); a custom collector turns ``store.stats()`` into metric families at scrape time. Only the
+latency histograms are observed as events happen, through the store's Observer hook.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvstore.tiered_store import TieredStore
+
+_LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+_COUNTERS = {
+    "hits": "Reads served by this tier",
+    "misses": "Reads that looked in this tier and did not find the block",
+    "evictions": "Blocks pushed out of this tier",
+    "spills": "Blocks written into this tier from the tier above",
+    "promotions": "Blocks copied from this tier to the top tier on a hit",
+    "dropped": "Blocks refused by admission or falling off the last tier",
+    "errors": "Errors raised by this tier (each skips it for a while)",
+    "read_bytes": "Bytes read from this tier",
+    "write_bytes": "Bytes written to this tier",
+}
+
+
+class _StoreCollector(Collector):
+    def __init__(self, store: TieredStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._store.stats()
+        gauges = {
+            "used_bytes": GaugeMetricFamily("tierkv_tier_used_bytes", "Bytes held by the tier", labels=["tier"]),
+            "capacity_bytes": GaugeMetricFamily("tierkv_tier_capacity_bytes", "Configured bytes", labels=["tier"]),
+            "blocks": GaugeMetricFamily("tierkv_tier_blocks", "Blocks held by the tier", labels=["tier"]),
+            "available": GaugeMetricFamily("tierkv_tier_available", "1 unless the tier is being skipped", labels=["tier"]),
+        }
+        counters = {
+            name: CounterMetricFamily(f"tierkv_tier_{name}", doc, labels=["tier"]) for name, doc in _COUNTERS.items()
+        }
+        for t in st.tiers:
+            for name, fam in gauges.items():
+                fam.add_metric([t.name], float(getattr(t, name)))
+            for name, fam in counters.items():
+                fam.add_metric([t.name], float(getattr(t, name)))
+        yield from gauges.values()
+        yield from counters.values()
+        pend = GaugeMetricFamily("tierkv_spill_queue_bytes", "Bytes waiting to spill to a lower tier")
+        pend.add_metric([], float(st.pending_bytes))
+        yield pend
+
+
+class StoreMetrics:
+    """Observer for the store's reads/writes + the registry served on /metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._read = Histogram(
+            "tierkv_tier_read_seconds", "Latency of one block read from a tier", ["tier"],
+            registry=self.registry, buckets=_LAT_BUCKETS,
+        )  # fmt: skip
+        self._write = Histogram(
+            "tierkv_tier_write_seconds", "Latency of one block write to a tier", ["tier"],
+            registry=self.registry, buckets=_LAT_BUCKETS,
+        )  # fmt: skip
+        self._http: Any = None
+
+    def read(self, tier: str, nbytes: int, seconds: float) -> None:
+        self._read.labels(tier).observe(seconds)
+
+    def write(self, tier: str, nbytes: int, seconds: float) -> None:
+        self._write.labels(tier).observe(seconds)
+
+    def bind(self, store: TieredStore) -> None:
+        """Expose the store's usage and counters (call once, after the store is built)."""
+        self.registry.register(_StoreCollector(store))
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve /metrics over HTTP on ``addr:port`` in a daemon thread; returns the port."""
+        res = start_http_server(port, addr=addr, registry=self.registry)
+        self._http = res[0] if isinstance(res, tuple) else None
+        return int(self._http.server_port) if self._http is not None else port
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            threading.Thread(target=self._http.server_close, daemon=True).start()
+            self._http = None

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code (see generate.sh). Do not edit the *_pb2*.py files by hand."""

@@ -1,0 +1,101 @@
+"""The daemon process: gRPC server + health + metrics around one TieredStore.
+
+Shutdown order on SIGTERM/SIGINT matters: mark health NOT_SERVING (load balancers stop
+routing), stop accepting new calls while in-flight ones get ``grace_s`` to finish, then
+``store.close()`` waits for queued spills to land on disk before tiers are closed — a block
+acknowledged to a client is on its way down and not dropped by the shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvstore.config import StoreConfig
+from kvstore.metrics import StoreMetrics
+from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
+from kvstore.servicer import KVStoreServicer
+from kvstore.shm import ShmSessions
+from kvstore.tier_factory import build_store
+from tiers.errors import ConfigError
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
+
+
+def grpc_options(cfg: StoreConfig) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+class Daemon:
+    """Everything one ``kvstore serve`` runs; ``start``/``stop`` for tests and embedding."""
+
+    def __init__(self, cfg: StoreConfig) -> None:
+        self.cfg = cfg
+        self.metrics = StoreMetrics()
+        self.store = build_store(cfg, observer=self.metrics)
+        self.metrics.bind(self.store)
+        self.sessions = ShmSessions()
+        self.health = health.HealthServicer()
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg))
+        kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(self.store, cfg, self.sessions), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(cfg.listen)
+        if self.port == 0:
+            self.store.close(flush=False)
+            raise ConfigError(f"cannot listen on {cfg.listen}")
+        self.metrics_port = 0
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.listen.rpartition(':')[0]}:{self.port}"
+
+    def start(self) -> None:
+        self.server.start()
+        if self.cfg.metrics_port:
+            self.metrics_port = self.metrics.serve(self.cfg.metrics_port)
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(self.cfg.grace_s).wait()
+        self.store.close(flush=True)  # in-flight spills land before tiers close
+        self.sessions.close()
+        self.metrics.close()
+
+
+def serve(cfg: StoreConfig) -> int:
+    """Run the daemon until SIGTERM/SIGINT; prints its address on stdout once serving."""
+    daemon = Daemon(cfg)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    daemon.start()
+    extra = f" metrics 127.0.0.1:{daemon.metrics_port}" if daemon.metrics_port else ""
+    print(f"kvstore listening on {daemon.address}{extra}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    daemon.stop()
+    print("kvstore stopped", flush=True)
+    sys.stdout.flush()
+    return 0

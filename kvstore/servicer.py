@@ -1,0 +1,229 @@
+"""gRPC servicer: translates protobuf to plain TieredStore calls and errors to gRPC statuses.
+
+It owns no storage logic. What it does own is the daemon's edge: every size limit and every
+validation happens here, before the store sees a byte. A Put is two-phase: the begin message
+declares every block (key, size, optional dtype/shape), chunks or shared-memory handles bring
+the bytes, and only a commit stores anything — after *every* block in the batch has been
+checked (complete, decodable, checksum, key, dtype/shape). A bad block fails the whole call
+with a clear status and nothing stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import grpc
+
+from kvstore.block import MAX_KEY_LEN, decode_block
+from kvstore.config import StoreConfig
+from kvstore.errors import BlockFormatError, ChecksumError, StoreClosed
+from kvstore.proto import kvstore_pb2 as pb
+from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.shm import ShmSegment, ShmSessions
+from kvstore.tiered_store import TieredStore
+from tiers.errors import BlockTooLarge
+
+log = logging.getLogger(__name__)
+MAX_KEYS = 65536
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _check_keys(keys: list[bytes]) -> None:
+    if len(keys) > MAX_KEYS:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} keys in one call (max {MAX_KEYS})")
+    for i, k in enumerate(keys):
+        if not 0 < len(k) <= MAX_KEY_LEN:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"key {i}: length {len(k)} outside 1..{MAX_KEY_LEN}")
+
+
+class KVStoreServicer(pb_grpc.KVStoreServicer):
+    def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions) -> None:
+        self.store, self.cfg, self.sessions = store, config, sessions
+
+    def _run(self, context: grpc.ServicerContext, fn):  # type: ignore[no-untyped-def]
+        try:
+            return fn()
+        except _Abort as e:
+            context.abort(e.code, e.message)
+        except StoreClosed as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+
+    # -- unary calls ---------------------------------------------------------------------
+    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
+        def go() -> pb.LookupResponse:
+            keys = list(request.keys)
+            _check_keys(keys)
+            res = self.store.lookup(keys)
+            return pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers])
+
+        return self._run(context, go)
+
+    def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
+        def go() -> pb.DeleteResponse:
+            keys = list(request.keys)
+            _check_keys(keys)
+            return pb.DeleteResponse(deleted=sum(1 for k in keys if self.store.delete(k)))
+
+        return self._run(context, go)
+
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
+        st = self.store.stats()
+        return pb.StatsResponse(
+            tiers=[pb.TierStats(**t._asdict()) for t in st.tiers],
+            pending_blocks=st.pending_blocks,
+            pending_bytes=st.pending_bytes,
+        )
+
+    def AttachShm(self, request: pb.AttachShmRequest, context: grpc.ServicerContext) -> pb.AttachShmResponse:
+        if not self.cfg.shm:
+            return pb.AttachShmResponse(ok=False, reason="shared memory disabled on this daemon")
+        try:
+            sid = self.sessions.attach(request.name, request.size, request.token)
+        except (OSError, ValueError) as e:  # another host, or not the client's segment
+            return pb.AttachShmResponse(ok=False, reason=str(e))
+        return pb.AttachShmResponse(ok=True, session=sid)
+
+    def DetachShm(self, request: pb.DetachShmRequest, context: grpc.ServicerContext) -> pb.DetachShmResponse:
+        self.sessions.detach(request.session)
+        return pb.DetachShmResponse()
+
+    def _segment(self, sid: str) -> ShmSegment:
+        seg = self.sessions.get(sid)
+        if seg is None:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"unknown shm session {sid!r}: attach again")
+        return seg
+
+    # -- Put (client-streamed, two-phase) ------------------------------------------------
+    def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
+        return self._run(context, lambda: self._put(request_iterator))
+
+    def _put(self, requests: Iterator[pb.PutRequest]) -> pb.PutResponse:
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        first = next(requests, None)
+        if first is None or first.WhichOneof("kind") != "begin":
+            raise _Abort(bad, "a Put stream must start with a begin message")
+        specs = list(first.begin.blocks)
+        _check_keys([s.key for s in specs])
+        total = 0
+        for i, s in enumerate(specs):
+            if s.size > min(self.cfg.max_block_bytes, self.store.max_block_bytes):
+                raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"block {i}: {s.size} bytes is over the block limit")
+            total += s.size
+        if total > self.cfg.max_batch_bytes:
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch of {total} bytes is over the limit")
+        held = [t is not None for t in self.store.lookup([s.key for s in specs]).tiers]
+        bufs: list[bytearray | memoryview | None] = [None] * len(specs)
+        got = [0] * len(specs)
+        commit = None
+        for msg in requests:
+            kind = msg.WhichOneof("kind")
+            if kind == "chunk":
+                c = msg.chunk
+                if c.index >= len(specs) or c.offset != got[c.index] or c.offset + len(c.data) > specs[c.index].size:
+                    raise _Abort(bad, f"chunk out of order or out of bounds (block {c.index}, offset {c.offset})")
+                got[c.index] += len(c.data)
+                if held[c.index]:
+                    continue
+                if bufs[c.index] is None:
+                    bufs[c.index] = bytearray(specs[c.index].size)
+                bufs[c.index][c.offset : c.offset + len(c.data)] = c.data  # type: ignore[index]
+            elif kind == "commit":
+                commit = msg.commit
+                break
+            else:
+                raise _Abort(bad, f"unexpected {kind} message inside a Put")
+        if commit is None:
+            raise _Abort(grpc.StatusCode.ABORTED, "Put stream ended without commit: nothing stored")
+        if commit.shm:
+            seg = self._segment(first.begin.shm_session)
+            for ref in commit.shm:
+                if ref.index >= len(specs) or ref.length != specs[ref.index].size:
+                    raise _Abort(bad, f"shm handle for block {ref.index} does not match its declared size")
+                try:
+                    seg.check_range(ref.offset, ref.length)
+                except ValueError as e:
+                    raise _Abort(bad, str(e)) from None
+                bufs[ref.index] = seg.buf[ref.offset : ref.offset + ref.length]
+                got[ref.index] = ref.length
+        for i, s in enumerate(specs):
+            if got[i] != s.size:
+                raise _Abort(bad, f"block {i}: received {got[i]} of {s.size} bytes")
+            if not held[i]:
+                self._validate(i, s, bufs[i])  # type: ignore[arg-type]
+        status: list[int] = []
+        for i, s in enumerate(specs):
+            try:
+                stored = not held[i] and self.store.put(s.key, bufs[i])  # type: ignore[arg-type]
+            except BlockTooLarge as e:
+                raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"block {i}: {e}") from None
+            status.append(pb.STORED if stored else pb.ALREADY_PRESENT)
+        return pb.PutResponse(status=status)
+
+    @staticmethod
+    def _validate(i: int, spec: pb.BlockSpec, buf: bytearray | memoryview) -> None:
+        try:
+            blk = decode_block(buf)
+        except ChecksumError as e:
+            raise _Abort(grpc.StatusCode.DATA_LOSS, f"block {i}: {e}") from None
+        except BlockFormatError as e:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"block {i}: {e}") from None
+        if blk.key != spec.key:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"block {i}: key inside the block differs from its key")
+        if spec.dtype and blk.dtype.str != spec.dtype:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"block {i}: dtype {blk.dtype.str}, expected {spec.dtype}")
+        if spec.shape and tuple(spec.shape) != blk.shape:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"block {i}: shape {blk.shape}, expected {tuple(spec.shape)}")
+
+    # -- Get (server-streamed) -----------------------------------------------------------
+    def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> Iterator[pb.GetResponse]:
+        keys = list(request.keys)
+        try:
+            _check_keys(keys)
+            if request.shm_session:
+                yield self._get_shm(request, keys)
+                return
+        except _Abort as e:
+            context.abort(e.code, e.message)
+        except StoreClosed as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        step = self.cfg.chunk_bytes
+        for i, k in enumerate(keys):
+            try:
+                data = self.store.get(k)
+            except StoreClosed as e:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            if data is None:
+                yield pb.GetResponse(index=i, found=False)
+                continue
+            for off in range(0, max(len(data), 1), step):
+                yield pb.GetResponse(index=i, found=True, total=len(data), offset=off, data=data[off : off + step])
+
+    def _get_shm(self, request: pb.GetRequest, keys: list[bytes]) -> pb.GetResponse:
+        seg = self._segment(request.shm_session)
+        try:
+            seg.check_range(request.shm_offset, request.shm_length)
+        except ValueError as e:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        pos, end = request.shm_offset, request.shm_offset + request.shm_length
+        out: list[pb.ShmBlock] = []
+        for i, k in enumerate(keys):
+
+            def sink(mv: memoryview, i: int = i) -> pb.ShmBlock:
+                nonlocal pos
+                n = mv.nbytes
+                if pos + n > end:
+                    return pb.ShmBlock(index=i, found=True, deferred=True, length=n)
+                seg.buf[pos : pos + n] = mv
+                blk = pb.ShmBlock(index=i, found=True, offset=pos, length=n)
+                pos += (n + 63) // 64 * 64
+                return blk
+
+            res = self.store.read(k, sink)
+            out.append(res if res is not None else pb.ShmBlock(index=i, found=False))
+        return pb.GetResponse(shm=out)
