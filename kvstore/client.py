@@ -224,27 +224,48 @@ class KVStoreClient:
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Encoded blocks (None for a miss), in the order of ``keys``."""
-        out: list[bytes | None] = []
+        out: list[bytes | None] = [None] * len(keys)
+
+        def keep(i: int, mv: memoryview) -> None:
+            out[i] = bytes(mv)
+
+        self.read_many(keys, keep)
+        return out
+
+    def read_many(self, keys: Sequence[bytes], sink: Callable[[int, memoryview], None]) -> list[bool]:
+        """Zero-copy read: ``sink(i, view)`` for each block found, while ``view`` is valid.
+
+        On the shared-memory path ``view`` points into the segment the daemon wrote, so a
+        connector copies each block once, straight into its KV pool pages. The view must not be
+        kept after ``sink`` returns. Returns, per key, whether it was found.
+        """
+        found = [False] * len(keys)
         for start in range(0, len(keys), self.batch_keys):
             chunk = list(keys[start : start + self.batch_keys])
-            out += self._call(lambda c=chunk: self._with_shm(lambda h: self._get_batch(c, h)))
-        return out
+
+            def sink_at(i: int, mv: memoryview, base: int = start) -> None:
+                found[base + i] = True
+                sink(base + i, mv)
+
+            self._call(lambda c=chunk, s=sink_at: self._with_shm(lambda h: self._read_batch(c, h, s)))
+        return found
 
     def get_blocks(self, keys: Sequence[bytes], verify: bool = True) -> list[Block | None]:
         """Decoded blocks; raises ChecksumError if a block was corrupted at rest or in transit."""
         return [None if b is None else decode_block(b, verify=verify) for b in self.get_many(keys)]
 
-    def _get_batch(self, keys: list[bytes], handle: tuple[ShmSegment, str] | None) -> list[bytes | None]:
-        out: list[bytes | None] = [None] * len(keys)
+    def _read_batch(
+        self, keys: list[bytes], handle: tuple[ShmSegment, str] | None, sink: Callable[[int, memoryview], None]
+    ) -> None:
         if handle is None:
             parts: dict[int, bytearray] = {}
             for r in self._stub.Get(pb.GetRequest(keys=keys), timeout=self.deadline_s):
                 if r.found:
                     buf = parts.setdefault(r.index, bytearray(r.total))
                     buf[r.offset : r.offset + len(r.data)] = r.data
-            for i, buf in parts.items():
-                out[i] = bytes(buf)
-            return out
+            for i in sorted(parts):
+                sink(i, memoryview(parts[i]))
+            return
         seg, session = handle
         todo = list(range(len(keys)))
         while todo:
@@ -258,15 +279,14 @@ class KVStoreClient:
                 i = todo[b.index]
                 if b.deferred:
                     if b.length > seg.data_bytes:  # can never fit: fetch this one by streaming
-                        out[i] = self._get_batch([keys[i]], None)[0]
+                        self._read_batch([keys[i]], None, lambda _j, mv, i=i: sink(i, mv))
                     else:
                         again.append(i)
                 elif b.found:
-                    out[i] = bytes(seg.buf[b.offset : b.offset + b.length])
+                    sink(i, seg.buf[b.offset : b.offset + b.length])
             if len(again) == len(todo):
                 raise KVStoreError("daemon deferred every block of a shared-memory get")
             todo = again
-        return out
 
     def health(self) -> bool:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
