@@ -54,6 +54,7 @@ class RedisTier(Tier):
         prefix: bytes = b"tierkv:",
         socket_timeout_s: float = 2.0,
         connect_timeout_s: float = 1.0,
+        read_chunk_bytes: int = 1 << 20,
     ) -> None:
         super().__init__(capacity_bytes)
         if ttl_s is not None and ttl_s <= 0:
@@ -64,6 +65,7 @@ class RedisTier(Tier):
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=connect_timeout_s,
             retry=Retry(NoBackoff(), 1),
+            socket_read_size=read_chunk_bytes,  # MB-sized replies: fewer recv calls than the 64 KiB default
         )
         self._r: Any = None
         try:
