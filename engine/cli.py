@@ -1,0 +1,130 @@
+"""`kvengine serve` (OpenAI-compatible server) and `kvengine generate` (one-off run)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from engine.config import EngineConfig, parse_size
+
+log = logging.getLogger("kvengine")
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="local HF dir or .gguf (default: bundled SmolLM2-135M)")
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--kv-memory", default=None, help="KV pool budget, e.g. 512MiB")
+    p.add_argument("--num-pages", type=int, default=None)
+    p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-prefill-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--attention-backend", default=None, choices=["auto", "torch", "flashinfer"])
+    p.add_argument("--threads", type=int, default=None, dest="num_threads")
+    p.add_argument("--kvstore", default=None, help="kvstore daemon address host:port (connector)")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
+def _config(a: argparse.Namespace) -> EngineConfig:
+    return EngineConfig.from_env(
+        model=a.model, device=a.device, dtype=a.dtype,
+        kv_memory=parse_size(a.kv_memory) if a.kv_memory else None, num_pages=a.num_pages,
+        page_size=a.page_size, max_num_seqs=a.max_num_seqs, max_prefill_tokens=a.max_prefill_tokens,
+        max_model_len=a.max_model_len, attention_backend=a.attention_backend, num_threads=a.num_threads)
+
+
+def build_engine(cfg: EngineConfig, kvstore: str | None = None):
+    """Load, build and warm up an engine, logging each stage (model load can take a while)."""
+    from engine.engine import LLMEngine
+    from engine.model_loader import load_model
+    from engine.sampling import SamplingParams
+
+    t0 = time.perf_counter()
+    log.info("loading model %s ...", cfg.model or "SmolLM2-135M-Instruct (bundled)")
+    loaded = load_model(cfg.model)
+    log.info("model loaded in %.1fs; building KV pool ...", time.perf_counter() - t0)
+    engine = LLMEngine(cfg, loaded=loaded)
+    if kvstore:
+        from connector.attach import attach_kvstore
+
+        attach_kvstore(engine, kvstore)
+        log.info("connected to kvstore daemon at %s", kvstore)
+    log.info("warming up ...")
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.radix.reset()
+    log.info("ready in %.1fs (%d KV pages of %d tokens)", time.perf_counter() - t0, engine.pool.num_pages,
+             engine.pool.page_size)
+    return engine
+
+
+def _serve(a: argparse.Namespace) -> int:
+    import uvicorn
+
+    from engine.async_engine import AsyncEngine
+    from engine.server import create_app
+
+    engine = build_engine(_config(a), a.kvstore)
+    aengine = AsyncEngine(engine)
+    aengine.start()
+    name = a.served_model_name or engine.loaded.name
+    blend = None
+    try:
+        from connector.blend.server_glue import make_blend_handler
+
+        blend = make_blend_handler(engine)
+    except ImportError:
+        pass
+    app = create_app(aengine, name, blend=blend)
+    log.info("serving %s on http://%s:%d/v1", name, a.host, a.port)
+    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+    aengine.shutdown()
+    return 0
+
+
+def _generate(a: argparse.Namespace) -> int:
+    from engine.sampling import SamplingParams
+
+    engine = build_engine(_config(a), a.kvstore)
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed)
+    prompt = a.prompt
+    if a.chat:
+        tok = engine.tokenizer
+        prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+        prompt = tok(prompt, add_special_tokens=False)["input_ids"]
+    t0 = time.perf_counter()
+    req = engine.generate([prompt], params)[0]
+    dt = time.perf_counter() - t0
+    print(req.text)
+    log.info("%d tokens in %.2fs (%s)", len(req.output_ids), dt, req.finish_reason)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kvengine", description="tierkv paged-attention LLM engine")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _engine_args(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--served-model-name", default=None)
+    g = sub.add_parser("generate", help="one-off generation")
+    _engine_args(g)
+    g.add_argument("prompt")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "urllib3", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return _serve(a) if a.cmd == "serve" else _generate(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Prometheus metrics of one engine process (own registry: no globals, several engines per test)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
+_TPOT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("tierkv_engine_ttft_seconds", "Time to first token", buckets=_LAT, registry=r)
+        self.tpot = Histogram("tierkv_engine_time_per_output_token_seconds", "Time per output token after the first",
+                              buckets=_TPOT, registry=r)
+        self.e2e = Histogram("tierkv_engine_request_latency_seconds", "End-to-end request latency",
+                             buckets=_LAT, registry=r)
+        self.queue_depth = Gauge("tierkv_engine_queue_depth", "Requests waiting to be scheduled", registry=r)
+        self.running = Gauge("tierkv_engine_running_requests", "Requests running", registry=r)
+        self.kv_usage = Gauge("tierkv_engine_kv_pool_usage_ratio", "Share of KV pool pages in use", registry=r)
+        self.kv_pages = Gauge("tierkv_engine_kv_pool_pages", "KV pool pages in total", registry=r)
+        self.prompt_tokens = Counter("tierkv_engine_prompt_tokens", "Prompt tokens received", registry=r)
+        self.prefix_hit_tokens = Counter("tierkv_engine_prefix_hit_tokens", "Prompt tokens served from a cache",
+                                         registry=r)
+        self.generation_tokens = Counter("tierkv_engine_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("tierkv_engine_requests", "Finished requests", ["finish_reason"], registry=r)
+        self.preemptions = Gauge("tierkv_engine_preemptions", "Preemptions so far", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,185 @@
+"""OpenAI-compatible HTTP server over the AsyncEngine (FastAPI).
+
+/v1/completions, /v1/chat/completions (tokenizer chat template), SSE streaming, usage with
+prompt_tokens_details.cached_tokens, /v1/models, /health, /metrics. Errors are OpenAI-shaped
+400s; a client that disconnects has its request aborted so its pages are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from engine.async_engine import AsyncEngine
+from engine.errors import EngineDeadError, InvalidRequestError
+from engine.protocol import ChatRequest, CompletionRequest
+from engine.request import RequestOutput
+
+CHAT_DEFAULT_MAX = 1024
+
+
+def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": etype,
+                                                               "param": param, "code": None}})
+
+
+def _usage(out: RequestOutput) -> dict[str, Any]:
+    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+            "total_tokens": out.prompt_tokens + out.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
+                  chunks: Callable[[RequestOutput], list[dict[str, Any]]]) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        try:
+            for h in head:
+                yield _sse(h)
+            async for out in gen:
+                for c in chunks(out):
+                    yield _sse(c)
+            yield "data: [DONE]\n\n"
+        finally:  # done, or the client went away: closing the generator aborts an unfinished request
+            await gen.aclose()  # type: ignore[attr-defined]
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def create_app(aengine: AsyncEngine, model_name: str, blend: Any = None) -> FastAPI:
+    """blend: optional callable (tokenizer-free) turning (system, documents, question, ratio) into
+    (prompt_ids, extra) for CacheBlend requests; None means `documents` requests are refused."""
+    app = FastAPI(title="tierkv engine")
+    eng = aengine.engine
+    tok = eng.tokenizer
+    created = int(time.time())
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return _error(400, f"invalid request: {first.get('msg', 'malformed body')}", param=param)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return _error(400, str(exc), param=exc.param)
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return _error(503, str(exc), etype="server_error")
+
+    @app.get("/health")
+    async def health() -> Any:
+        if aengine.dead is not None:
+            return _error(503, "engine loop died", etype="server_error")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(aengine.metrics.render().decode(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "tierkv", "max_model_len": eng.max_model_len}]}
+
+    def _check_model(name: str | None) -> None:
+        if name not in (None, "", model_name):
+            raise InvalidRequestError(f"model {name!r} is not served here (serving {model_name!r})", "model")
+
+    async def _collect(http: Request, gen: AsyncIterator[RequestOutput]) -> tuple[str, RequestOutput]:
+        """Consume a request to the end, aborting it if the client goes away meanwhile."""
+        text: list[str] = []
+        last: list[RequestOutput] = []
+
+        async def consume() -> None:
+            async for out in gen:
+                text.append(out.new_text)
+                last[:] = [out]
+
+        task = asyncio.create_task(consume())
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if not done and await http.is_disconnected():
+                task.cancel()  # the generator's finally aborts the request
+                raise asyncio.CancelledError
+        task.result()
+        return "".join(text), last[0]
+
+    def _tokenize_prompt(p: str | list[int]) -> list[int]:
+        return list(p) if isinstance(p, list) else tok(p)["input_ids"]
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: Request) -> Any:
+        _check_model(body.model)
+        ids = _tokenize_prompt(body.prompt_input())
+        params = body.sampling(default_max=16)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        aengine.validate(ids, params)
+        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt)
+        if body.stream:
+            def chunks(out: RequestOutput) -> list[dict[str, Any]]:
+                base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name}
+                c = [{**base, "choices": [{"index": 0, "text": out.new_text, "finish_reason": out.finish_reason,
+                                           "logprobs": None}]}]
+                if out.finished and body.include_usage:
+                    c.append({**base, "choices": [], "usage": _usage(out)})
+                return c
+            return _sse_response(gen, [], chunks)
+        text, out = await _collect(http, gen)
+        return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name,
+                "choices": [{"index": 0, "text": text, "finish_reason": out.finish_reason, "logprobs": None}],
+                "usage": _usage(out)}
+
+    def _chat_prompt(body: ChatRequest) -> tuple[list[int], dict | None]:
+        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        if not msgs:
+            raise InvalidRequestError("messages must not be empty", "messages")
+        if body.documents:
+            if blend is None:
+                raise InvalidRequestError("this server has no CacheBlend support enabled", "documents")
+            return blend(msgs, body.documents, body.blend_ratio)
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"], None
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, http: Request) -> Any:
+        _check_model(body.model)
+        ids, extra = _chat_prompt(body)
+        room = min(eng.max_model_len, eng.scheduler.capacity_tokens()) - len(ids)
+        params = body.sampling(default_max=max(1, min(CHAT_DEFAULT_MAX, room)))
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        aengine.validate(ids, params)
+        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extra=extra)
+        if body.stream:
+            base = {"id": rid, "object": "chat.completion.chunk", "model": model_name}
+            head = [{**base, "created": int(time.time()),
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+
+            def chunks(out: RequestOutput) -> list[dict[str, Any]]:
+                delta = {"content": out.new_text} if out.new_text else {}
+                c = [{**base, "created": int(time.time()),
+                      "choices": [{"index": 0, "delta": delta, "finish_reason": out.finish_reason}]}]
+                if out.finished and body.include_usage:
+                    c.append({**base, "created": int(time.time()), "choices": [], "usage": _usage(out)})
+                return c
+            return _sse_response(gen, head, chunks)
+        text, out = await _collect(http, gen)
+        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": out.finish_reason}],
+                "usage": _usage(out)}
+
+    return app
