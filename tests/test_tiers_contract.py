@@ -150,3 +150,60 @@ def test_context_manager_closes(tier: Tier) -> None:
         t.put(b"k", b"v")
     with pytest.raises(TierError):
         tier.get(b"k")
+
+
+def test_returned_value_outlives_overwrite_and_delete(tier: Tier) -> None:
+    """What ``get`` returned stays intact when the key changes (cpu hands out arena views)."""
+    first = blob(MiB, 60)
+    tier.put(b"k", first)
+    held = tier.get(b"k")
+    tier.put(b"k", blob(MiB, 61))
+    held_too = tier.get(b"k")
+    tier.delete(b"k")
+    tier.put(b"other", blob(2 * MiB, 62))  # would reuse freed space if it were freed too early
+    assert as_bytes(held) == first
+    assert as_bytes(held_too) == blob(MiB, 61)
+
+
+def test_capacity_is_reusable(tier_factory) -> None:  # type: ignore[no-untyped-def]
+    """Fill to capacity, free, fill again: freed bytes come back (arena runs, lmdb pages)."""
+    small = tier_factory(capacity_bytes=4 * MiB)
+    for rnd in range(3):
+        keys = [b"r%d-%d" % (rnd, i) for i in range(4)]
+        for i, k in enumerate(keys):
+            small.put(k, blob(MiB - 64 * i, rnd * 10 + i))
+            assert small.get(k) is not None  # drop the returned view at once
+        assert small.delete_many(keys) == 4
+    assert small.used_bytes() == 0
+
+
+# -- options of one tier kind (not part of the shared contract) -----------------------------
+
+
+def test_redis_ttl_is_applied(redis_url: str) -> None:
+    import redis
+
+    from tiers.redis import RedisTier
+
+    with RedisTier(redis_url, MiB, ttl_s=30, prefix=b"ttl-test:") as t:
+        t.put(b"k", b"v")
+        t.put_many([(b"k2", b"v")])
+        plain = redis.Redis.from_url(redis_url)
+        assert 0 < plain.ttl(b"ttl-test:k") <= 30 and 0 < plain.ttl(b"ttl-test:k2") <= 30
+        t.delete_many([b"k", b"k2"])
+        plain.close()
+
+
+def test_s3_contents_found_again_by_a_new_instance(s3_endpoint) -> None:  # type: ignore[no-untyped-def]
+    from tiers.s3 import S3Tier
+
+    ep = s3_endpoint
+    args = (ep.url, "tierkv-tests", 16 * MiB)
+    kw = dict(prefix="reopen/", access_key=ep.access_key, secret_key=ep.secret_key, region=ep.region)
+    with S3Tier(*args, **kw) as t:
+        t.put_many([(b"a", blob(MiB, 70)), (b"b", b"xyz")])
+    with S3Tier(*args, **kw) as t:
+        assert dict(t.scan()) == {b"a": MiB, b"b": 3}
+        assert t.used_bytes() == MiB + 3
+        assert as_bytes(t.get(b"a")) == blob(MiB, 70)
+        t.delete_many([b"a", b"b"])
