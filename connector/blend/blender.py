@@ -1,0 +1,207 @@
+"""The CacheBlend forward: reuse chunk KV at new positions, recompute the tokens that deviate.
+
+For a prompt of N tokens laid out as segments (prefix, documents, question, ...):
+  1. assemble the reused KV per layer: the prefix chunk as is (exact), each document chunk
+     with K re-rotated from positions 1..n to its place in the prompt (V unchanged);
+  2. run layers 0 and 1 in full over all N tokens (exact causal attention);
+  3. at layer 1 score every document token by the squared L2 distance between its fresh and
+     reused K (or V) and keep the top ``ratio`` share; the recompute set is those tokens plus
+     every non-prefix, non-document token (the question is always recomputed) and the last token;
+  4. from layer 2 on run only the recompute set: its fresh K/V is scattered into the reused
+     KV of that layer, and its queries attend with an exact causal mask (key position <= query
+     position) over the merged KV.
+Every layer's final K/V [N, kv_heads, head_dim] goes to ``sink`` (the pool, or a tensor).
+
+The prefix (BOS + system prompt) is not recomputed after layer 1: its chunk was computed at
+its true positions with nothing before it, so its KV is exactly what a full prefill computes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from connector.blend.chunk_cache import DOC, PREFIX, ChunkCache, ChunkStore, InProcessChunkStore
+from connector.blend.metrics import BlendMetrics
+from connector.blend.selfcheck import rerotate, self_check
+from connector.blend.spec import BlendSpec
+from engine.model import LlamaModel
+
+CHECK_LAYER = 1
+Sink = Callable[[int, torch.Tensor, torch.Tensor], None]  # (layer, K [N,H,D], V [N,H,D])
+
+
+@dataclass
+class _Piece:
+    start: int  # first position in the prompt
+    kv: torch.Tensor  # [L, 2, n, H, D]
+    old_start: int  # position of its first token when it was computed
+
+
+@dataclass
+class BlendPlan:
+    ids: list[int]
+    pieces: list[_Piece]
+    doc_mask: torch.Tensor  # [N] bool: candidates for selection
+    fixed_mask: torch.Tensor  # [N] bool: exact prefix, never recomputed after layer 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class BlendResult:
+    kv: torch.Tensor | None  # [L, 2, N, H, D] when collected
+    logits: torch.Tensor | None  # [vocab] at the last position
+    recompute_idx: torch.Tensor  # positions recomputed at layers >= 2
+    num_selected: int  # document tokens picked at the check layer
+    num_document_tokens: int
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q [m, Hq, D], k/v [N, Hkv, D] -> [m, Hq, D]; causal (m == N) when mask is None."""
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                       attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
+class Blender:
+    def __init__(self, model: LlamaModel, fingerprint: str, store: ChunkStore | None = None,
+                 metrics: BlendMetrics | None = None) -> None:
+        self.model = model
+        self.self_check_error = self_check(model)  # raises BlendUnsupportedError: refuse loudly
+        self.metrics = metrics or BlendMetrics()
+        self.bos = model.arch.bos_token_id
+        self.chunks = ChunkCache(store or InProcessChunkStore(), fingerprint, self._compute_chunk, self.metrics)
+
+    # -- dense prefill (chunks, and the reference) -------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full causal forward: KV [L, 2, n, H, D] and logits at the last position."""
+        m = self.model
+        t = torch.tensor(ids, dtype=torch.long, device=m.device)
+        pos = torch.arange(len(ids), device=m.device)
+        a = m.arch
+        kv = torch.empty(a.num_layers, 2, len(ids), a.num_kv_heads, a.head_dim, dtype=m.dtype, device=m.device)
+        h = m.embed[t]
+        for layer in range(a.num_layers):
+            q, k, v = m.qkv(layer, h, pos)
+            kv[layer, 0], kv[layer, 1] = k, v
+            h = m.finish_layer(layer, h, attend(q, k, v))
+        return kv, m.logits(h[-1:])[0]
+
+    def _compute_chunk(self, ids: list[int], kind: str) -> torch.Tensor:
+        if kind == DOC and self.bos is not None:
+            return self.prefill([self.bos] + ids)[0][:, :, 1:].contiguous()
+        return self.prefill(ids)[0]
+
+    # -- plan ----------------------------------------------------------------------------------
+    def plan(self, spec: BlendSpec, tenant_salt: str = "") -> BlendPlan:
+        """Fetch (or compute once) every chunk the spec names; lay them out in prompt order."""
+        ids: list[int] = []
+        pieces: list[_Piece] = []
+        doc: list[bool] = []
+        fixed: list[bool] = []
+        doc_old = 1 if self.bos is not None else 0
+        for i, seg in enumerate(spec.segments):
+            n, start = len(seg.ids), len(ids)
+            if seg.document:
+                pieces.append(_Piece(start, self.chunks.get(seg.ids, DOC, tenant_salt), doc_old))
+            elif i == 0:
+                pieces.append(_Piece(0, self.chunks.get(seg.ids, PREFIX, tenant_salt), 0))
+            ids.extend(seg.ids)
+            doc += [seg.document] * n
+            fixed += [i == 0 and not seg.document] * n
+        dev = self.model.device
+        return BlendPlan(ids, pieces, torch.tensor(doc, dtype=torch.bool, device=dev),
+                         torch.tensor(fixed, dtype=torch.bool, device=dev))
+
+    # -- blend ---------------------------------------------------------------------------------
+    def _reused(self, plan: BlendPlan, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, m = self.model.arch, self.model
+        K = torch.zeros(n, a.num_kv_heads, a.head_dim, dtype=m.dtype, device=m.device)
+        V = torch.zeros_like(K)
+        for p in plan.pieces:
+            c = min(p.kv.shape[2], n - p.start)
+            if c <= 0:
+                continue
+            kv = p.kv[layer, :, :c].to(m.device, m.dtype)
+            K[p.start : p.start + c] = rerotate(m.rotary, kv[0], p.old_start, p.start)
+            V[p.start : p.start + c] = kv[1]
+        return K, V
+
+    @torch.inference_mode()
+    def blend(self, plan: BlendPlan, ratio: float = 0.15, select: str = "k", num_tokens: int | None = None,
+              sink: Sink | None = None, collect: bool = False, want_logits: bool = True,
+              generator: torch.Generator | None = None) -> BlendResult:
+        """Blend the first ``num_tokens`` (default all) tokens of the plan; see the module doc."""
+        m, a = self.model, self.model.arch
+        t0 = time.perf_counter()
+        N = plan.num_tokens if num_tokens is None else num_tokens
+        dev = m.device
+        ids = torch.tensor(plan.ids[:N], dtype=torch.long, device=dev)
+        pos = torch.arange(N, device=dev)
+        doc, fixed = plan.doc_mask[:N], plan.fixed_mask[:N]
+        always = ~doc & ~fixed
+        always[N - 1] = True
+        cand = (doc & ~always).nonzero().squeeze(1)
+        n_pick = min(len(cand), int(math.floor(ratio * len(cand) + 0.5)))
+        out = torch.empty(a.num_layers, 2, N, a.num_kv_heads, a.head_dim, dtype=m.dtype, device=dev) \
+            if collect else None
+
+        def emit(layer: int, K: torch.Tensor, V: torch.Tensor) -> None:
+            if out is not None:
+                out[layer, 0], out[layer, 1] = K, V
+            if sink is not None:
+                sink(layer, K, V)
+
+        h = m.embed[ids]
+        idx = pos
+        mask = None
+        for layer in range(a.num_layers):
+            if layer <= CHECK_LAYER:  # full layers
+                q, k, v = m.qkv(layer, h, pos)
+                h = m.finish_layer(layer, h, attend(q, k, v))
+                emit(layer, k, v)
+                if layer == CHECK_LAYER:
+                    idx = self._select(plan, layer, N, k, v, cand, n_pick, always, select, generator)
+                    h = h[idx]
+                    mask = pos[None, :] <= idx[:, None]  # exact causal: key position <= query position
+                continue
+            K, V = self._reused(plan, layer, N)
+            q, k, v = m.qkv(layer, h, idx)
+            K.index_copy_(0, idx, k)
+            V.index_copy_(0, idx, v)
+            h = m.finish_layer(layer, h, attend(q, K, V, mask))
+            emit(layer, K, V)
+        logits = m.logits(h[-1:])[0] if want_logits else None
+        n_re = len(idx) if a.num_layers > CHECK_LAYER + 1 else N
+        mt = self.metrics
+        mt.blended_requests += 1
+        mt.prompt_tokens += N
+        mt.recomputed_tokens += n_re
+        mt.document_tokens += len(cand)
+        mt.selected_document_tokens += n_pick
+        mt.blend_seconds += time.perf_counter() - t0
+        return BlendResult(out, logits, idx, n_pick, len(cand))
+
+    def _select(self, plan: BlendPlan, layer: int, N: int, k: torch.Tensor, v: torch.Tensor, cand: torch.Tensor,
+                n_pick: int, always: torch.Tensor, select: str, generator: torch.Generator | None) -> torch.Tensor:
+        if n_pick >= len(cand):
+            top = cand
+        elif n_pick == 0:
+            top = cand[:0]
+        elif select == "random":
+            top = cand[torch.randperm(len(cand), generator=generator)[:n_pick].to(cand.device)]
+        else:
+            K, V = self._reused(plan, layer, N)
+            fresh, old = (k, K) if select == "k" else (v, V)
+            dev = (fresh[cand].float() - old[cand].float()).pow(2).sum(dim=(1, 2))
+            top = cand[dev.topk(n_pick).indices]
+        return torch.cat([top, always.nonzero().squeeze(1)]).sort().values

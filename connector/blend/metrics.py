@@ -1,0 +1,33 @@
+"""Counters the server exports: blended requests, recomputed-token share, chunk hits/misses."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class BlendMetrics:
+    blended_requests: int = 0
+    fallback_requests: int = 0  # blend asked for but the pool had no pages: plain prefill instead
+    prompt_tokens: int = 0  # tokens covered by blends
+    recomputed_tokens: int = 0  # tokens recomputed at layers >= 2 (selected + suffix + last)
+    document_tokens: int = 0
+    selected_document_tokens: int = 0
+    chunk_hits: int = 0
+    chunk_misses: int = 0
+    blend_seconds: float = 0.0
+
+    @property
+    def recomputed_share(self) -> float:
+        return self.recomputed_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def chunk_hit_rate(self) -> float:
+        n = self.chunk_hits + self.chunk_misses
+        return self.chunk_hits / n if n else 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        d: dict[str, float] = asdict(self)
+        d["recomputed_share"] = self.recomputed_share
+        d["chunk_hit_rate"] = self.chunk_hit_rate
+        return d
