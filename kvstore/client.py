@@ -9,7 +9,6 @@ message.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -26,7 +25,7 @@ from kvstore.errors import (
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.retry import Retry
-from kvstore.shm import HEADER_BYTES, ShmSegment
+from kvstore.shm import HEADER_BYTES, Handle, ShmPool, ShmSegment
 from kvstore.store_types import LookupResult, StoreStats, TierStats
 from tiers.base import Buffer
 
@@ -76,11 +75,9 @@ class KVStoreClient:
             ],
         )
         self._stub = pb_grpc.KVStoreStub(self._channel)
-        self._shm_wanted = use_shm is not False
         self._shm_required = use_shm is True
-        self._shm_bytes = shm_bytes
-        self._shm_free: list[tuple[ShmSegment, str]] = []
-        self._shm_lock = threading.Lock()
+        self._shm = ShmPool(shm_bytes, self._attach)
+        self._shm.enabled = use_shm is not False
 
     # -- plumbing ------------------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:
@@ -97,52 +94,31 @@ class KVStoreClient:
         except grpc.RpcError as e:
             raise _translate(e) from None
 
-    def _acquire(self) -> tuple[ShmSegment, str] | None:
-        if not self._shm_wanted:
-            return None
-        with self._shm_lock:
-            if self._shm_free:
-                return self._shm_free.pop()
-        seg = ShmSegment.create(self._shm_bytes)
-        try:
-            resp = self._stub.AttachShm(
-                pb.AttachShmRequest(name=seg.name, size=seg.size, token=seg.token), timeout=self.deadline_s
-            )
-        finally:
-            seg.unlink()  # mapped on both sides (or refused): the name is no longer needed
-        if not resp.ok:
-            seg.close()
-            if self._shm_required:
-                raise KVStoreError(f"shared memory refused by the daemon: {resp.reason}")
-            self._shm_wanted = False
-            return None
-        return seg, resp.session
+    def _attach(self, seg: ShmSegment) -> str | None:
+        req = pb.AttachShmRequest(name=seg.name, size=seg.size, token=seg.token)
+        resp = self._stub.AttachShm(req, timeout=self.deadline_s)
+        if not resp.ok and self._shm_required:
+            raise KVStoreError(f"shared memory refused by the daemon: {resp.reason}")
+        return resp.session if resp.ok else None
 
-    def _release(self, handle: tuple[ShmSegment, str]) -> None:
-        with self._shm_lock:
-            self._shm_free.append(handle)
-
-    def _with_shm(self, rpc: Callable[[tuple[ShmSegment, str] | None], T]) -> T:
-        handle = self._acquire()
+    def _with_shm(self, rpc: Callable[[Handle | None], T]) -> T:
+        handle = self._shm.acquire()
         try:
             return rpc(handle)
         except grpc.RpcError as e:
             if handle is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                with self._shm_lock:  # the daemon restarted: every session we hold is stale
-                    stale, self._shm_free = self._shm_free, []
-                for seg, _ in [handle, *stale]:
-                    seg.close()
+                self._shm.discard_all(handle)
                 handle = None
                 raise _StaleSession() from e
             raise
         finally:
             if handle is not None:
-                self._release(handle)
+                self._shm.release(handle)
 
     @property
     def shm_active(self) -> bool:
         """Whether bulk bytes currently go through shared memory (known after the first call)."""
-        return self._shm_wanted and bool(self._shm_free)
+        return self._shm.active
 
     # -- API -----------------------------------------------------------------------------
     def lookup(self, keys: Sequence[bytes]) -> LookupResult:
@@ -174,7 +150,7 @@ class KVStoreClient:
         return out
 
     def _batches(self, items: Sequence[tuple[bytes, Buffer]]) -> Iterator[list[tuple[bytes, memoryview]]]:
-        limit = min(self.batch_bytes, self._shm_bytes) if self._shm_wanted else self.batch_bytes
+        limit = min(self.batch_bytes, self._shm.size) if self._shm.enabled else self.batch_bytes
         batch: list[tuple[bytes, memoryview]] = []
         size = 0
         for k, v in items:
@@ -189,7 +165,7 @@ class KVStoreClient:
             yield batch
 
     def _put_batch(
-        self, batch: list[tuple[bytes, memoryview]], handle: tuple[ShmSegment, str] | None, dtype: str,
+        self, batch: list[tuple[bytes, memoryview]], handle: Handle | None, dtype: str,
         shape: Sequence[int],
     ) -> list[bool]:  # fmt: skip
         specs = [pb.BlockSpec(key=k, size=v.nbytes, dtype=dtype, shape=list(shape)) for k, v in batch]
@@ -255,7 +231,7 @@ class KVStoreClient:
         return [None if b is None else decode_block(b, verify=verify) for b in self.get_many(keys)]
 
     def _read_batch(
-        self, keys: list[bytes], handle: tuple[ShmSegment, str] | None, sink: Callable[[int, memoryview], None]
+        self, keys: list[bytes], handle: Handle | None, sink: Callable[[int, memoryview], None]
     ) -> None:
         if handle is None:
             parts: dict[int, bytearray] = {}
@@ -299,9 +275,7 @@ class KVStoreClient:
         return r.status == health_pb2.HealthCheckResponse.SERVING
 
     def close(self) -> None:
-        with self._shm_lock:
-            handles, self._shm_free = self._shm_free, []
-        for seg, session in handles:
+        for seg, session in self._shm.drain():
             try:
                 self._stub.DetachShm(pb.DetachShmRequest(session=session), timeout=1.0)
             except grpc.RpcError:

@@ -114,3 +114,20 @@ class Level:
             self.leaving_bytes += vsize
             out.append((key, vsize))
         return out
+
+    def rebuild(self) -> None:
+        """Index a persistent tier's contents from ``scan()`` (after a restart, even a SIGKILL)."""
+        if not self.tier.persistent:
+            return
+        try:
+            for key, size in self.tier.scan():
+                self.add(key, size)
+            for key, _ in self.pick_victims(0):  # the configured size shrank since the last run
+                self.remove(key)
+                self.tier.delete(key)
+                self.counters.evictions += 1
+        except Exception as e:  # noqa: BLE001 - a tier that cannot start is skipped, and counted
+            self.fail(e)
+            return
+        if self.index:
+            log.info("tier %s: found %d blocks (%d bytes) from a previous run", self.name, len(self.index), self.used)

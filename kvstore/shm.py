@@ -23,6 +23,7 @@ import secrets
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
@@ -136,3 +137,60 @@ class ShmSessions:
             segs, self._segs = list(self._segs.values()), OrderedDict()
         for seg in segs:
             seg.close()
+
+
+Handle = tuple[ShmSegment, str]  # (segment, daemon session id)
+
+
+class ShmPool:
+    """Client side: segments attached to one daemon, one per in-flight call, reused.
+
+    ``attach(segment)`` asks the daemon to map a new segment and returns the session id, or
+    None when the daemon cannot see it (another host): then the pool disables itself and the
+    client streams bytes instead.
+    """
+
+    def __init__(self, size: int, attach: Callable[[ShmSegment], str | None]) -> None:
+        self.size = size
+        self.enabled = True
+        self._attach = attach
+        self._free: list[Handle] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> Handle | None:
+        if not self.enabled:
+            return None
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        seg = ShmSegment.create(self.size)
+        try:
+            sid = self._attach(seg)
+        except BaseException:
+            seg.close()
+            raise
+        finally:
+            seg.unlink()  # mapped on both sides (or refused): the name is no longer needed
+        if sid is None:
+            seg.close()
+            self.enabled = False
+            return None
+        return seg, sid
+
+    def release(self, handle: Handle) -> None:
+        with self._lock:
+            self._free.append(handle)
+
+    def discard_all(self, handle: Handle) -> None:
+        """The daemon forgot our session (it restarted): every session we hold is stale."""
+        for seg, _ in [handle, *self.drain()]:
+            seg.close()
+
+    def drain(self) -> list[Handle]:
+        with self._lock:
+            out, self._free = self._free, []
+        return out
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and bool(self._free)

@@ -136,7 +136,7 @@ def test_bad_shm_range(daemon: Daemon) -> None:
     with KVStoreClient(daemon.address, use_shm=True) as c:
         c.lookup([GOOD_KEY])
         c.get(GOOD_KEY)  # attaches a segment
-        seg, session = c._shm_free[0]
+        seg, session = c._shm._free[0]
         k = b"shm-range-000001"
         blk = _enc(k)
         msgs = [pb.PutRequest(begin=pb.PutBegin(blocks=[pb.BlockSpec(key=k, size=len(blk))], shm_session=session)),

@@ -1,0 +1,73 @@
+"""State shared by the TieredStore's front (client calls) and back (the spill worker).
+
+Both halves work on the same levels, the same lock, and the same map of blocks on their way
+down (``pending``: a block that left a level stays readable from here until it has landed in
+the next one, so it is never missing in between).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kvstore.level import Level
+from kvstore.store_types import NullObserver, Observer
+from tiers.base import Buffer
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Job:
+    key: bytes
+    value: bytes
+    target: int
+    move: bool  # True: the block left the level above (tracked in _pending); False: a copy
+
+
+def own(data: Buffer) -> bytes:
+    """An immutable copy (no copy for bytes): queued blocks must not change under us."""
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+class Chain:
+    """The ordered levels, their lock, blocks in flight and per-key hit counts (for admission)."""
+
+    def __init__(self, levels: list[Level], observer: Observer | None = None) -> None:
+        self.levels = levels
+        self.obs: Observer = observer or NullObserver()
+        self.lock = threading.RLock()
+        self.pending: dict[bytes, Job] = {}
+        self.hits: dict[bytes, int] = {}
+
+    def guard(self, lv: Level, fn: Callable[[], T]) -> T | None:
+        """Run a tier call; on any error count it, trip the level's breaker, return None."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - a tier error must never escape
+            with self.lock:
+                lv.fail(e)
+            return None
+
+    def locate(self, key: bytes, start: int = 0) -> int | None:
+        """First level >= start that holds key (by index); -1 when it is in the spill queue."""
+        if start == 0 and key in self.pending:
+            return -1
+        for i in range(start, len(self.levels)):
+            if self.levels[i].has(key):
+                return i
+        return None
+
+    def move_down(self, key: bytes, data: Buffer, target: int) -> list[Job]:
+        """Queue ``key`` to spill into ``target`` (caller holds the lock)."""
+        if target >= len(self.levels):
+            self.levels[-1].counters.dropped += 1
+            return []
+        job = Job(key, own(data), target, True)
+        self.pending[key] = job
+        return [job]
+
+    def hit(self, key: bytes) -> None:
+        self.hits[key] = self.hits.get(key, 0) + 1

@@ -1,0 +1,111 @@
+"""The write-back half of the TieredStore: one worker thread landing queued blocks.
+
+Only this thread writes to levels below the top, which keeps each level's capacity accounting
+single-writer: it picks victims, moves them one level down (a new queued job), deletes them,
+and only then writes the new block, so a tier never holds more than its configured bytes.
+Victims stay readable while they move (``Level.leaving``, then ``Chain.pending``). A level
+that is down is skipped (the block goes on below); a level whose admission rule refuses the
+block drops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from kvstore.chain import Chain, Job
+from kvstore.spill_queue import ByteBoundedQueue
+
+log = logging.getLogger(__name__)
+
+
+class Spiller:
+    def __init__(self, chain: Chain, max_bytes: int) -> None:
+        self._c = chain
+        self._queue: ByteBoundedQueue[Job] = ByteBoundedQueue(max_bytes, lambda j: len(j.value))
+        self._thread = threading.Thread(target=self._work, name="tierkv-spill", daemon=True)
+        self._thread.start()
+
+    def submit(self, jobs: list[Job], force: bool = False) -> None:
+        """Queue jobs; blocks while the queue is full unless ``force`` (the worker's own jobs)."""
+        for job in jobs:
+            self._queue.put(job, force=force)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self._queue.join(timeout)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._queue.pending_bytes
+
+    def close(self) -> None:
+        self._queue.close()
+        self._thread.join(timeout=30)
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self._land(job)
+            except Exception:  # noqa: BLE001 - the worker must survive anything
+                log.exception("spill of %s failed", job.key.hex()[:16])
+            finally:
+                self._queue.task_done()
+
+    def _still_wanted(self, job: Job) -> bool:
+        return self._c.pending.get(job.key) is job if job.move else self._c.locate(job.key) is not None
+
+    def _land(self, job: Job) -> None:
+        """Write a queued block into its target level (or below, if that level is down)."""
+        size = len(job.value)
+        for i in range(job.target, len(self._c.levels) if job.move else job.target + 1):
+            lv = self._c.levels[i]
+            with self._c.lock:
+                if not self._still_wanted(job):
+                    return
+                if job.key in lv.index:  # already there (inclusive chain): nothing to write
+                    lv.touch(job.key)
+                    break
+                if not lv.available() or size > lv.capacity:
+                    continue
+                if self._c.hits.get(job.key, 0) < lv.options.admit_min_hits:
+                    lv.counters.dropped += 1
+                    break
+                victims = lv.pick_victims(size)
+            for vkey, _ in victims:
+                self._evict_lower(i, vkey)
+            t0 = time.perf_counter()
+            try:
+                lv.tier.put(job.key, job.value)
+            except Exception as e:  # noqa: BLE001
+                with self._c.lock:
+                    lv.fail(e)
+                continue
+            self._c.obs.write(lv.name, size, time.perf_counter() - t0)
+            with self._c.lock:
+                if self._still_wanted(job):
+                    lv.add(job.key, size)
+                    lv.counters.spills += 1
+                    lv.counters.write_bytes += size
+                    if job.move:
+                        self._c.pending.pop(job.key, None)
+                    return
+            self._c.guard(lv, lambda lv=lv: lv.tier.delete(job.key))  # deleted meanwhile
+            return
+        with self._c.lock:
+            if job.move and self._c.pending.get(job.key) is job:
+                del self._c.pending[job.key]
+
+    def _evict_lower(self, i: int, vkey: bytes) -> None:
+        """Move a victim of level i (i > 0) one level down; runs on the worker thread."""
+        lv = self._c.levels[i]
+        raw = self._c.guard(lv, lambda: lv.tier.get(vkey))
+        jobs: list[Job] = []
+        with self._c.lock:
+            if lv.remove(vkey) is None:  # deleted meanwhile
+                return
+            lv.counters.evictions += 1
+            if raw is not None and self._c.locate(vkey) is None:
+                jobs = self._c.move_down(vkey, bytes(raw), i + 1)
+        self._c.guard(lv, lambda: lv.tier.delete(vkey))
+        self.submit(jobs, force=True)
