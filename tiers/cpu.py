@@ -8,7 +8,8 @@ unchanged for as long as it, or anything derived from it (slices, ``np.frombuffe
 deleting or overwriting the key only *defers* reuse of those arena bytes until the last view is
 dropped. A weakref finalizer on the exporting numpy view tells the allocator when that happens.
 While bytes are held like that, a put that finds no free arena run falls back to a heap copy
-(counted in ``used_bytes`` like any other block), so callers never see a spurious "full".
+(counted in ``used_bytes`` like any other block), so callers never see a spurious "full";
+the tier still refuses to hold more than its capacity in blocks.
 """
 
 from __future__ import annotations
@@ -152,27 +153,35 @@ class CpuTier(Tier):
 
     # -- Tier interface -------------------------------------------------------
     def put(self, key: bytes, value: Buffer) -> None:
+        """Reserve space under the lock, copy without it, then publish under it again.
+
+        The copy (the only slow part) runs unlocked so concurrent gets are never held up behind
+        a multi-MB memcpy. Reserved bytes count in ``used_bytes`` from the start; a put that
+        would take the tier past its capacity fails before touching the current value.
+        """
         src = memoryview(value).cast("B") if not isinstance(value, bytes) else value
-        n = len(src)
+        n, key = len(src), bytes(key)
         if n > self.capacity_bytes:
             raise BlockTooLarge(f"[cpu] block of {n} bytes exceeds capacity {self.capacity_bytes}")
         with self._lock:
             arena = self._check_open()
             self._drain_released()
-            old = self._blocks.pop(bytes(key), None)
+            old = self._blocks.get(key)
+            if self._used - (old.size if old else 0) + n > self.capacity_bytes:
+                raise TierError(self.name, f"full ({self._used}+{n} > {self.capacity_bytes}); evict first")
+            blk = _Block(size=n, offset=self._alloc.alloc(n) if n else -1)
+            self._used += n
+        if blk.offset >= 0:
+            arena[blk.offset : blk.offset + n] = np.frombuffer(src, dtype=np.uint8)
+        elif n:  # no free run (fragmented, or runs held by live views): keep a heap copy
+            blk.heap = np.frombuffer(src, dtype=np.uint8).copy()
+        with self._lock:
+            if self._arena is not arena:  # closed while we copied
+                raise TierError(self.name, "tier is closed")
+            old = self._blocks.pop(key, None)
             if old is not None:
                 self._retire(old)
-            if self._used + n > self.capacity_bytes:
-                raise TierError(self.name, f"full ({self._used}+{n} > {self.capacity_bytes}); evict first")
-            blk = _Block(size=n)
-            off = self._alloc.alloc(n) if n else -1
-            if off >= 0:
-                blk.offset = off
-                arena[off : off + n] = np.frombuffer(src, dtype=np.uint8)
-            else:
-                blk.heap = np.frombuffer(src, dtype=np.uint8).copy()
-            self._blocks[bytes(key)] = blk
-            self._used += n
+            self._blocks[key] = blk
 
     def get(self, key: bytes) -> memoryview | None:
         with self._lock:

@@ -13,8 +13,10 @@ Why these choices:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
 import boto3
 import botocore.config
@@ -77,6 +79,9 @@ class S3Tier(Tier):
         self._closed = False
         if create_bucket:
             self._ensure_bucket()
+        # Same-key put/delete pairs are serialised (striped locks) so the server and the size
+        # tally agree on what this process wrote, whatever the thread interleaving.
+        self._stripes = [threading.Lock() for _ in range(64)]
         self._sizes: dict[bytes, int] = dict(self._list())
 
     # -- helpers --------------------------------------------------------------
@@ -103,6 +108,9 @@ class S3Tier(Tier):
                 code = e2.response.get("Error", {}).get("Code")
                 if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                     raise TierError(self.name, f"cannot create bucket {self.bucket}: {e2}") from e2
+
+    def _stripe(self, key: bytes) -> int:
+        return hash(key) % len(self._stripes)  # in-process only, so hash() randomisation is fine
 
     def _obj(self, key: bytes) -> str:
         return self.prefix + bytes(key).hex()
@@ -139,11 +147,12 @@ class S3Tier(Tier):
         body = value if isinstance(value, bytes) else bytes(memoryview(value).cast("B"))
         if len(body) > self.capacity_bytes:
             raise BlockTooLarge(f"[s3] block of {len(body)} bytes exceeds capacity {self.capacity_bytes}")
-        try:
-            self._call("put", self._client.put_object, Bucket=self.bucket, Key=self._obj(key), Body=body)
-        except bce.ClientError as e:
-            raise TierError(self.name, f"put: {e}") from e
-        self._sizes[bytes(key)] = len(body)
+        with self._stripes[self._stripe(bytes(key))]:
+            try:
+                self._call("put", self._client.put_object, Bucket=self.bucket, Key=self._obj(key), Body=body)
+            except bce.ClientError as e:
+                raise TierError(self.name, f"put: {e}") from e
+            self._sizes[bytes(key)] = len(body)
 
     def put_many(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
         self._map_pool(lambda kv: self.put(*kv), list(items))
@@ -180,18 +189,21 @@ class S3Tier(Tier):
     def delete_many(self, keys: Sequence[bytes]) -> int:
         """Delete in one DeleteObjects call; S3 does not say what existed, so HEAD first."""
         keys = [bytes(k) for k in keys]
-        present = [k for k, hit in zip(keys, self.contains_many(keys), strict=True) if hit]
-        for i in range(0, len(present), 1000):
-            chunk = present[i : i + 1000]
-            objs = {"Objects": [{"Key": self._obj(k)} for k in chunk], "Quiet": True}
-            try:
-                resp = self._call("delete", self._client.delete_objects, Bucket=self.bucket, Delete=objs)
-            except bce.ClientError as e:
-                raise TierError(self.name, f"delete: {e}") from e
-            if resp.get("Errors"):
-                raise TierError(self.name, f"delete: {resp['Errors'][:3]}")
-        for k in present:
-            self._sizes.pop(k, None)
+        with ExitStack() as stack:
+            for i in sorted({self._stripe(k) for k in keys}):  # fixed order: no lock cycles
+                stack.enter_context(self._stripes[i])
+            present = [k for k, hit in zip(keys, self.contains_many(keys), strict=True) if hit]
+            for i in range(0, len(present), 1000):
+                chunk = present[i : i + 1000]
+                objs = {"Objects": [{"Key": self._obj(k)} for k in chunk], "Quiet": True}
+                try:
+                    resp = self._call("delete", self._client.delete_objects, Bucket=self.bucket, Delete=objs)
+                except bce.ClientError as e:
+                    raise TierError(self.name, f"delete: {e}") from e
+                if resp.get("Errors"):
+                    raise TierError(self.name, f"delete: {resp['Errors'][:3]}")
+            for k in present:
+                self._sizes.pop(k, None)
         return len(present)
 
     def used_bytes(self) -> int:
