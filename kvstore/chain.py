@@ -64,6 +64,7 @@ class Chain:
         """Queue ``key`` to spill into ``target`` (caller holds the lock)."""
         if target >= len(self.levels):
             self.levels[-1].counters.dropped += 1
+            self.forget_if_gone(key)
             return []
         job = Job(key, own(data), target, True)
         self.pending[key] = job
@@ -71,3 +72,11 @@ class Chain:
 
     def hit(self, key: bytes) -> None:
         self.hits[key] = self.hits.get(key, 0) + 1
+
+    def forget_if_gone(self, key: bytes) -> None:
+        """Drop the hit count of a key no level holds any more (caller holds the lock).
+
+        Without this the counts of every key ever seen would pile up: a slow leak.
+        """
+        if self.locate(key) is None:
+            self.hits.pop(key, None)

@@ -92,9 +92,10 @@ class Spiller:
                     return
             self._c.guard(lv, lambda lv=lv: lv.tier.delete(job.key))  # deleted meanwhile
             return
-        with self._c.lock:
+        with self._c.lock:  # nowhere to land (admission, or every level below is down)
             if job.move and self._c.pending.get(job.key) is job:
                 del self._c.pending[job.key]
+                self._c.forget_if_gone(job.key)
 
     def _evict_lower(self, i: int, vkey: bytes) -> None:
         """Move a victim of level i (i > 0) one level down; runs on the worker thread."""
@@ -107,5 +108,6 @@ class Spiller:
             lv.counters.evictions += 1
             if raw is not None and self._c.locate(vkey) is None:
                 jobs = self._c.move_down(vkey, bytes(raw), i + 1)
+            self._c.forget_if_gone(vkey)
         self._c.guard(lv, lambda: lv.tier.delete(vkey))
         self.submit(jobs, force=True)

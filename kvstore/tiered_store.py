@@ -208,6 +208,7 @@ class TieredStore:
             if vdata is not None:
                 self._obs.read(top.name, len(vdata), time.perf_counter() - t0)
                 jobs += self._chain.move_down(vkey, vdata, 1)
+            self._chain.forget_if_gone(vkey)
         t0 = time.perf_counter()
         try:
             top.tier.put(key, data)

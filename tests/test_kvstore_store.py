@@ -169,3 +169,39 @@ def test_concurrent_put_get(tmp_path: Path) -> None:
         cpu, disk = s.stats().tiers
         assert cpu.used_bytes <= cpu.capacity_bytes and disk.used_bytes <= disk.capacity_bytes
         assert os.path.exists(tmp_path / "disk")
+
+
+def test_no_hit_count_leak_and_policies(tmp_path: Path) -> None:
+    for policy in ("s3fifo", "arc"):
+        opts = LevelOptions(policy=policy)
+        with TieredStore([(CpuTier(4 * BLOCK), opts), (DiskTier(tmp_path / policy, 8 * BLOCK), opts)]) as s:
+            for i in range(40):
+                s.put(_k(i), _v(i))
+                s.get(_k(i))
+            s.flush()
+            cpu, disk = s.stats().tiers
+            assert cpu.blocks == 4 and disk.blocks == 8
+            assert len(s._hits) <= 12  # counts of blocks dropped off the chain are forgotten
+
+
+def test_metrics_registry_per_store(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from kvstore.metrics import StoreMetrics
+
+    m1, m2 = StoreMetrics(), StoreMetrics()
+    s1 = TieredStore([(CpuTier(4 * BLOCK), LevelOptions())], observer=m1)
+    s2 = TieredStore([(CpuTier(8 * BLOCK), LevelOptions())], observer=m2)
+    m1.bind(s1)
+    m2.bind(s2)
+    try:
+        s1.put(_k(1), _v(1))
+        s1.get(_k(1))
+        t1, t2 = generate_latest(m1.registry).decode(), generate_latest(m2.registry).decode()
+        assert f'tierkv_tier_capacity_bytes{{tier="cpu"}} {float(4 * BLOCK)}' in t1
+        assert f'tierkv_tier_capacity_bytes{{tier="cpu"}} {float(8 * BLOCK)}' in t2
+        assert 'tierkv_tier_hits_total{tier="cpu"} 1.0' in t1 and 'tierkv_tier_hits_total{tier="cpu"} 0.0' in t2
+        assert 'tierkv_tier_read_seconds_count{tier="cpu"} 1.0' in t1
+    finally:
+        s1.close()
+        s2.close()
