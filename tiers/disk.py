@@ -4,10 +4,13 @@ Why lmdb: copy-on-write B+tree with a single fsync per commit, so a committed bl
 crash or SIGKILL of the owning process and the tree is never half-written (no recovery step on
 open). Large values live in contiguous overflow pages, so a read is one memcpy out of the mmap.
 
-Sizing: lmdb's map is a hard ceiling. Each value costs a page-rounded overflow run plus tree
-pages, and copy-on-write keeps freed pages busy until older readers finish, so the map is the
-capacity plus ~25% and 64 MiB of headroom. If lmdb still reports the map full (free-list
-fragmentation), the map grows once to twice the capacity before giving up with a TierError.
+Sizing: lmdb's map is a hard ceiling on the file. Each value costs a page-rounded overflow run
+plus tree pages; copy-on-write keeps freed pages busy until older readers finish, and overflow
+runs must be contiguous, so churn at capacity fragments the free list. The map is therefore
+twice the capacity plus 64 MiB. It is only address space (the file grows as pages are used),
+and it is fixed at open: resizing a live map is unsafe while other threads hold read txns.
+The TieredStore keeps payload bytes under the capacity; the slack also absorbs a store that
+briefly overshoots. A map that still fills up is a TierError.
 
 Ownership: one process owns the environment (the daemon); ``used_bytes`` is kept in memory,
 seeded at open by a cursor walk that reads only value lengths.
@@ -40,14 +43,13 @@ class DiskTier(Tier):
     def __init__(self, path: str | os.PathLike[str], capacity_bytes: int, *, sync: bool = True) -> None:
         super().__init__(capacity_bytes)
         self.path = Path(path)
-        self._map_size = _round_pages(self.capacity_bytes * 5 // 4 + _HEADROOM)
-        self._max_map = _round_pages(self.capacity_bytes * 2 + _HEADROOM)
-        self._lock = threading.Lock()  # guards map resizes against concurrent transactions
+        self.map_size = _round_pages(self.capacity_bytes * 2 + _HEADROOM)
+        self._lock = threading.Lock()  # one writer at a time, so the size tally follows commits
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._env: lmdb.Environment | None = lmdb.open(
                 str(self.path),
-                map_size=self._map_size,
+                map_size=self.map_size,
                 subdir=True,
                 sync=sync,
                 metasync=sync,
@@ -74,20 +76,14 @@ class DiskTier(Tier):
         return total
 
     def _write(self, items: list[tuple[bytes, Buffer]]) -> None:
-        """Write ``items`` in one transaction; grow the map once if lmdb says it is full."""
-        for attempt in (0, 1):
-            try:
-                with self._lock:
-                    self._used += self._write_txn(items)
-                return
-            except lmdb.MapFullError as e:
-                if attempt or self._map_size >= self._max_map:
-                    raise TierError(self.name, f"lmdb map full at {self._map_size} bytes: {e}") from e
-                with self._lock:
-                    self._map_size = self._max_map
-                    self._env_or_raise().set_mapsize(self._map_size)
-            except lmdb.Error as e:
-                raise TierError(self.name, f"write failed: {e}") from e
+        """Write ``items`` in one transaction (one fsync), all or nothing."""
+        try:
+            with self._lock:
+                self._used += self._write_txn(items)
+        except lmdb.MapFullError as e:
+            raise TierError(self.name, f"lmdb map full at {self.map_size} bytes: {e}") from e
+        except lmdb.Error as e:
+            raise TierError(self.name, f"write failed: {e}") from e
 
     def _write_txn(self, items: list[tuple[bytes, Buffer]]) -> int:
         delta = 0
