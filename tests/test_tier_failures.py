@@ -103,3 +103,13 @@ def test_s3_stopped_mid_run(own_s3: SeaweedS3) -> None:
 def test_s3_absent_at_start() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     assert_fails_fast(lambda: S3Tier(url, "tierkv-none", 1 << 20, access_key="a", secret_key="b"))
+
+
+def test_missing_server_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import servers
+
+    monkeypatch.setattr(servers.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(servers.ServerError, match="redis-server not found"), servers.redis_server():
+        pass
+    with pytest.raises(servers.ServerError, match="weed not found"), servers.seaweedfs_s3():
+        pass
