@@ -42,6 +42,8 @@ class AsyncEngine:
         self.engine = engine
         self.metrics = metrics or EngineMetrics()
         self.metrics.kv_pages.set(engine.pool.num_pages)
+        for collector in getattr(engine, "metric_collectors", []):
+            self.metrics.registry.register(collector)
         self._cmds: queue.Queue = queue.Queue()
         self._wake = threading.Event()
         self._sinks: dict[str, _Add] = {}

@@ -59,6 +59,7 @@ class LLMEngine:
         self.pool = KVPool(self.arch, num_pages, config.page_size, self.dtype, self.device)
         self.radix = RadixCache(config.page_size, self.pool.allocator, on_evict=self._on_evict)
         self.evict_listeners: list = []
+        self.metric_collectors: list = []  # prometheus collectors of plug-ins (connector), served on /metrics
         self.attn = select_backend(config.attention_backend, self.device)
         self.max_model_len = config.max_model_len or self.arch.max_position_embeddings
         self.scheduler = Scheduler(config, self.pool, self.radix, self.max_model_len)

@@ -9,6 +9,10 @@ Ownership: the tree holds one allocator ref on each page it owns (taken by ``ins
 takes no ref: the caller increfs the pages it keeps and ``lock``s the returned node so that
 eviction cannot take the path away while it runs.
 
+Tenants: every ``cache_salt`` has its own root, so requests of different tenants never share a
+node (nor its pages); evicted nodes carry their salt so an offloader keys them in that tenant's
+namespace.
+
 Locks count along the path: ``lock(node)`` adds one to the node and every ancestor (the root is
 never counted), so a node's ``lock_ref`` is its own locks plus the sum of its children's. A node
 with ``lock_ref == 0`` is evictable once it is a leaf; ``evictable_pages`` counts pages in all
@@ -56,6 +60,7 @@ class EvictedNode(NamedTuple):
     prefix_tokens: Tokens  # tokens from the root up to the start of this node
     tokens: Tokens  # this node's tokens
     pages: list[int]  # this node's pages (still allocated while the hook runs)
+    salt: str = ""  # tenant (request cache_salt) whose tree held the node
 
 
 EvictHook = Callable[[list[EvictedNode]], None]
@@ -78,6 +83,7 @@ class RadixCache:
         self._ids = itertools.count()
         self._clock = 0  # LRU clock: bumped once per match/insert, never wall time
         self._root = TreeNode(next(self._ids), (), [], None, 0)
+        self._roots: dict[str, TreeNode] = {"": self._root}  # one tree per tenant salt
         self._owned: set[int] = set()
         self._evictable = 0  # pages in nodes with lock_ref == 0
         self.tokens_requested = 0
@@ -89,18 +95,29 @@ class RadixCache:
     def root(self) -> TreeNode:
         return self._root
 
-    def match_prefix(self, tokens: Sequence[int], record_stats: bool = True) -> MatchResult:
-        """Longest whole-page prefix of ``tokens`` in the tree. Splits a node if the match ends
-        inside it. Refreshes the LRU clock along the path; takes no page refs."""
+    def _root_for(self, salt: str | None) -> TreeNode:
+        """The tree of one tenant: requests with different salts never share a node."""
+        salt = salt or ""
+        root = self._roots.get(salt)
+        if root is None:
+            root = self._roots[salt] = TreeNode(next(self._ids), (), [], None, 0)
+        return root
+
+    def _is_root(self, node: TreeNode) -> bool:
+        return node.parent is None and not node.tokens
+
+    def match_prefix(self, tokens: Sequence[int], record_stats: bool = True, salt: str | None = None) -> MatchResult:
+        """Longest whole-page prefix of ``tokens`` in the tenant ``salt``'s tree. Splits a node if
+        the match ends inside it. Refreshes the LRU clock along the path; takes no page refs."""
         toks = _as_tuple(tokens)
         pages: list[int] = []
-        node, num = self._walk(toks, pages)
+        node, num = self._walk(toks, pages, self._root_for(salt))
         if record_stats:
             self.tokens_requested += len(toks)
             self.tokens_hit += num
         return MatchResult(pages, node, num)
 
-    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> int:
+    def insert(self, tokens: Sequence[int], pages: Sequence[int], salt: str | None = None) -> int:
         """Add ``tokens`` (stored in ``pages``, one per page_size tokens) to the tree.
 
         Returns how many leading tokens were already present; their entries in ``pages`` are not
@@ -111,7 +128,7 @@ class RadixCache:
         ps = self.page_size
         if len(toks) != len(pages) * ps:
             raise ValueError(f"{len(toks)} tokens for {len(pages)} pages of {ps}")
-        node, num = self._walk(toks, None)
+        node, num = self._walk(toks, None, self._root_for(salt))
         if num == len(toks):
             return num
         new_pages = pages[num // ps:]
@@ -129,12 +146,12 @@ class RadixCache:
         self._evictable += len(new_pages)
         return num
 
-    def _walk(self, toks: Tokens, pages_out: list[int] | None) -> tuple[TreeNode, int]:
+    def _walk(self, toks: Tokens, pages_out: list[int] | None, root: TreeNode) -> tuple[TreeNode, int]:
         """Follow ``toks`` down whole pages; split where the match ends inside a node."""
         ps = self.page_size
         end = len(toks) - len(toks) % ps
         self._clock += 1
-        node, pos = self._root, 0
+        node, pos = root, 0
         while pos < end:
             child = node.children.get(toks[pos:pos + ps])
             if child is None:
@@ -171,7 +188,7 @@ class RadixCache:
 
     def lock(self, node: TreeNode) -> None:
         self._check_attached(node)
-        while node is not self._root:
+        while not self._is_root(node):
             if node.lock_ref == 0:
                 self._evictable -= len(node.pages)
             node.lock_ref += 1
@@ -179,9 +196,9 @@ class RadixCache:
 
     def unlock(self, node: TreeNode) -> None:
         self._check_attached(node)
-        if node is not self._root and node.lock_ref <= 0:
+        if not self._is_root(node) and node.lock_ref <= 0:
             raise RuntimeError(f"unlock of an unlocked node {node!r}")
-        while node is not self._root:
+        while not self._is_root(node):
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._evictable += len(node.pages)
@@ -189,9 +206,9 @@ class RadixCache:
 
     def _check_attached(self, node: TreeNode) -> None:
         n: TreeNode | None = node
-        while n is not None and n is not self._root:
+        while n is not None and not self._is_root(n):
             n = n.parent
-        if n is None:
+        if n is None or all(n is not r for r in self._roots.values()):
             raise ValueError(f"{node!r} is not in this radix cache (evicted or reset?)")
 
     # ------------------------------------------------------------------ eviction
@@ -216,7 +233,7 @@ class RadixCache:
             released += len(node.pages)
             parent = node.parent
             assert parent is not None
-            if parent is not self._root:
+            if not self._is_root(parent):
                 gone[parent] = gone.get(parent, 0) + 1
                 if gone[parent] == len(parent.children) and parent.lock_ref == 0:
                     heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
@@ -235,7 +252,19 @@ class RadixCache:
         return released
 
     def _describe(self, victims: list[TreeNode]) -> list[EvictedNode]:
-        ends: dict[TreeNode, Tokens] = {self._root: ()}  # node -> tokens from root to its end
+        ends: dict[TreeNode, Tokens] = {r: () for r in self._roots.values()}  # node -> tokens from root
+        salts = {id(r): s for s, r in self._roots.items()}
+        root_of: dict[TreeNode, TreeNode] = {r: r for r in self._roots.values()}
+
+        def salt_of(node: TreeNode) -> str:
+            chain: list[TreeNode] = []
+            n = node
+            while n not in root_of:
+                chain.append(n)
+                n = n.parent  # type: ignore[assignment]
+            for a in chain:
+                root_of[a] = root_of[n]
+            return salts[id(root_of[n])]
 
         def end_of(node: TreeNode) -> Tokens:
             chain: list[TreeNode] = []
@@ -249,7 +278,8 @@ class RadixCache:
                 ends[a] = acc
             return acc
 
-        return [EvictedNode(end_of(v.parent), v.tokens, list(v.pages)) for v in victims]  # type: ignore[arg-type]
+        return [EvictedNode(end_of(v.parent), v.tokens, list(v.pages), salt_of(v))  # type: ignore[arg-type]
+                for v in victims]
 
     # ------------------------------------------------------------------ accounting
 
@@ -268,12 +298,13 @@ class RadixCache:
 
         No eviction hook runs (nothing is offloaded). Raises RuntimeError while any node is
         locked, since lock holders would point into the dropped tree."""
-        if any(c.lock_ref for c in self._root.children.values()):
+        if any(c.lock_ref for r in self._roots.values() for c in r.children.values()):
             raise RuntimeError("reset() while nodes are locked")
         for node in self._nodes():
             self.allocator.decref(node.pages)
             node.parent = None
         self._root = TreeNode(next(self._ids), (), [], None, 0)
+        self._roots = {"": self._root}
         self._owned.clear()
         self._evictable = 0
         self.tokens_requested = 0
@@ -282,7 +313,7 @@ class RadixCache:
     def _nodes(self) -> list[TreeNode]:
         """Every node except the root, parents before children."""
         out: list[TreeNode] = []
-        stack = list(self._root.children.values())
+        stack = [c for r in self._roots.values() for c in r.children.values()]
         while stack:
             n = stack.pop()
             out.append(n)
@@ -291,12 +322,13 @@ class RadixCache:
 
     def check_integrity(self) -> None:
         """Walk the whole tree; raise AssertionError on any broken invariant."""
-        ps, root = self.page_size, self._root
-        if root.tokens or root.pages or root.parent is not None or root.lock_ref != 0:
-            raise AssertionError("root must be empty, parentless and unlocked")
+        ps = self.page_size
+        for root in self._roots.values():
+            if root.tokens or root.pages or root.parent is not None or root.lock_ref != 0:
+                raise AssertionError("root must be empty, parentless and unlocked")
         seen: set[int] = set()
         evictable = 0
-        stack = [root]
+        stack = list(self._roots.values())
         while stack:
             node = stack.pop()
             child_locks = 0
@@ -322,7 +354,7 @@ class RadixCache:
                     evictable += len(child.pages)
                 child_locks += child.lock_ref
                 stack.append(child)
-            if node is not root and node.lock_ref < child_locks:
+            if not self._is_root(node) and node.lock_ref < child_locks:
                 raise AssertionError(f"node {node.node_id}: lock_ref {node.lock_ref} < children's {child_locks}")
         if seen != self._owned:
             raise AssertionError(f"owned-page set out of date: walk {len(seen)} vs counter {len(self._owned)}")

@@ -97,7 +97,7 @@ class Scheduler:
         if cache:
             n_full = min(req.num_computed // ps, len(req.pages))
             if n_full:
-                self.radix.insert(req.all_ids[: n_full * ps], req.pages[:n_full])
+                self.radix.insert(req.all_ids[: n_full * ps], req.pages[:n_full], salt=req.cache_salt)
         if req.radix_node is not None:
             self.radix.unlock(req.radix_node)
             req.radix_node = None
@@ -108,7 +108,7 @@ class Scheduler:
     def _admit(self, req: Request) -> None:
         """Match the cached prefix; the request keeps refs on those pages and locks the node."""
         ids = req.all_ids
-        m = self.radix.match_prefix(ids[:-1], record_stats=req.num_preemptions == 0)
+        m = self.radix.match_prefix(ids[:-1], record_stats=req.num_preemptions == 0, salt=req.cache_salt)
         self.pool.allocator.incref(m.pages)
         self.radix.lock(m.node)
         req.radix_node = m.node
