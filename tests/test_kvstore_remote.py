@@ -125,3 +125,28 @@ def test_redis_killed_mid_run(tmp_path: Path, own_redis: RedisServer) -> None:
     finally:
         d.stop()
     assert "Traceback" not in d.log.read_text()
+
+
+def test_daemon_with_every_tier_from_flags(tmp_path: Path, s3_endpoint: S3Endpoint, redis_url: str) -> None:
+    pre = f"t-{uuid.uuid4().hex[:12]}"
+    env = {"AWS_ACCESS_KEY_ID": s3_endpoint.access_key, "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_key}
+    d = Daemon(tmp_path, "--cpu", "1MiB", "--disk", f"{tmp_path}/disk:2MiB", "--redis", redis_url,
+               "--redis-capacity", "3MiB", "--s3", f"s3://tierkv-tests/{pre}", "--s3-endpoint", s3_endpoint.url,
+               env=env).start()  # fmt: skip
+    blocks = [(b"all-%012d" % i, encode_block(b"all-%012d" % i, np.full(64 * 1024, i, np.float32)))
+              for i in range(20)]  # fmt: skip
+    try:
+        with KVStoreClient(d.address, deadline_s=30) as c:
+            c.put_many(blocks)
+            deadline = time.monotonic() + 30
+            while c.stats().pending_blocks and time.monotonic() < deadline:
+                time.sleep(0.05)
+            st = {t.name: t for t in c.stats().tiers}
+            assert list(st) == ["cpu", "disk", "redis", "s3"]
+            assert st["s3"].spills >= 1 and all(t.used_bytes <= t.capacity_bytes for t in st.values())
+            res = c.lookup([k for k, _ in blocks])
+            assert res.prefix_len == 20 and "s3" in res.tiers and "cpu" in res.tiers
+            assert c.get_many([k for k, _ in blocks]) == [b for _, b in blocks]
+            c.delete([k for k, _ in blocks])
+    finally:
+        d.stop()
