@@ -65,6 +65,11 @@ class ByteBoundedQueue(Generic[T]):
             self._cv.notify_all()
 
     @property
+    def unfinished(self) -> int:
+        """Items queued or being processed (what ``join`` waits for)."""
+        return self._unfinished
+
+    @property
     def pending_bytes(self) -> int:
         return self._bytes
 

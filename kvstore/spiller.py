@@ -36,6 +36,10 @@ class Spiller:
         return self._queue.join(timeout)
 
     @property
+    def pending_jobs(self) -> int:
+        return self._queue.unfinished
+
+    @property
     def pending_bytes(self) -> int:
         return self._queue.pending_bytes
 

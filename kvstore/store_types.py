@@ -30,7 +30,7 @@ class TierStats(NamedTuple):
 
 class StoreStats(NamedTuple):
     tiers: list[TierStats]
-    pending_blocks: int  # blocks in the spill queue
+    pending_blocks: int  # spills / write-through copies queued or landing (0 = flushed)
     pending_bytes: int
 
 

@@ -160,7 +160,7 @@ class TieredStore:
         with self._lock:
             tiers = [TierStats(lv.name, lv.used, lv.capacity, len(lv.index), lv.available(), lv.last_error,
                                **vars(lv.counters)) for lv in self.levels]  # fmt: skip
-            return StoreStats(tiers, len(self._pending), self._spill.pending_bytes)
+            return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes)
 
     def close(self, flush: bool = True) -> None:
         with self._lock:

@@ -150,3 +150,27 @@ def test_daemon_with_every_tier_from_flags(tmp_path: Path, s3_endpoint: S3Endpoi
             c.delete([k for k, _ in blocks])
     finally:
         d.stop()
+
+
+def test_hung_redis_does_not_freeze_the_store(own_redis: RedisServer) -> None:
+    shared = LevelOptions(write_through=True, shared=True)
+    tier = RedisTier(own_redis.url, 64 * BLOCK, socket_timeout_s=0.5, connect_timeout_s=0.5)
+    s = TieredStore([(CpuTier(2 * BLOCK), LevelOptions()), (tier, shared)], tier_retry_s=60)
+    try:
+        for i in range(4):
+            s.put(_k(i), _v(i))
+        s.flush()
+        assert s.lookup([_k(0)]).tiers == ["redis"]
+        own_redis.pause()  # SIGSTOP: the socket accepts, nothing answers
+        t = time.monotonic()
+        assert s.get(_k(0)) is None  # one socket timeout, then the tier is skipped
+        for i in range(4, 8):
+            assert s.put(_k(i), _v(i))
+        assert s.lookup([_k(0), _k(7)]).tiers == [None, "cpu"]
+        assert s.get(_k(1)) is None
+        s.flush()
+        assert time.monotonic() - t < 5
+        st = s.stats().tiers[1]
+        assert st.errors >= 1 and not st.available
+    finally:
+        s.close()
