@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
