@@ -6,7 +6,8 @@ malloc churn for multi-MB blocks, and (with torch) gives page-locked memory the 
 Zero-copy reads: ``get`` returns a read-only memoryview into the arena. It stays valid and
 unchanged for as long as it, or anything derived from it (slices, ``np.frombuffer``), is alive:
 deleting or overwriting the key only *defers* reuse of those arena bytes until the last view is
-dropped. A weakref finalizer on the exporting numpy view tells the allocator when that happens.
+dropped. A weakref (with callback) on the exporting numpy view tells the allocator when that
+happens; it costs ~1 us per get, against ~60 us to copy a 1 MB block.
 While bytes are held like that, a put that finds no free arena run falls back to a heap copy
 (counted in ``used_bytes`` like any other block), so callers never see a spurious "full";
 the tier still refuses to hold more than its capacity in blocks.
@@ -121,9 +122,10 @@ class CpuTier(Tier):
         self._blocks: dict[bytes, _Block] = {}
         self._used = 0
         self._lock = threading.Lock()
-        # Finalizers may fire in any thread, even inside our own locked sections (refcount drop),
-        # so they only append here; locked operations drain it.
-        self._released: deque[_Block] = deque()
+        # Weakref callbacks may fire in any thread, even inside our own locked sections (refcount
+        # drop), so they only append the dead weakref here; locked operations drain it.
+        self._released: deque[weakref.ref[np.ndarray]] = deque()
+        self._leases: dict[int, tuple[weakref.ref[np.ndarray], _Block]] = {}
 
     # -- helpers --------------------------------------------------------------
     def _check_open(self) -> np.ndarray:
@@ -133,7 +135,7 @@ class CpuTier(Tier):
 
     def _drain_released(self) -> None:
         while self._released:
-            blk = self._released.popleft()
+            _, blk = self._leases.pop(id(self._released.popleft()))
             blk.readers -= 1
             if blk.readers == 0 and blk.dead:
                 self._free_storage(blk)
@@ -198,7 +200,8 @@ class CpuTier(Tier):
                 view = arena[blk.offset : blk.offset + blk.size]
             view.flags.writeable = False
             blk.readers += 1
-            weakref.finalize(view, self._released.append, blk)
+            ref = weakref.ref(view, self._released.append)
+            self._leases[id(ref)] = (ref, blk)  # keeps ref alive, so its id stays unique
             return memoryview(view)
 
     def contains(self, key: bytes) -> bool:
