@@ -125,7 +125,11 @@ class KVStoreClient:
         resp = self._call(lambda: self._stub.Lookup(pb.LookupRequest(keys=list(keys)), timeout=self.deadline_s))
         return LookupResult(resp.prefix_len, [t or None for t in resp.tiers])
 
-    def delete(self, keys: Sequence[bytes]) -> int:
+    def delete(self, key: bytes) -> bool:
+        return self.delete_many([key]) == 1
+
+    def delete_many(self, keys: Sequence[bytes]) -> int:
+        """Delete blocks from every tier; returns how many were present."""
         resp = self._call(lambda: self._stub.Delete(pb.DeleteRequest(keys=list(keys)), timeout=self.deadline_s))
         return int(resp.deleted)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 
@@ -48,3 +49,19 @@ class NullObserver:
 
     def write(self, tier: str, nbytes: int, seconds: float) -> None:
         pass
+
+
+class BlockStore(Protocol):
+    """What both the embedded TieredStore and the daemon's KVStoreClient offer a connector."""
+
+    def lookup(self, keys: Sequence[bytes]) -> LookupResult: ...
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]: ...
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
+
+    def read_many(self, keys: Sequence[bytes], sink: Callable[[int, memoryview], None]) -> list[bool]: ...
+
+    def delete_many(self, keys: Sequence[bytes]) -> int: ...
+
+    def stats(self) -> StoreStats: ...

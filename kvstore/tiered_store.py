@@ -101,6 +101,21 @@ class TieredStore:
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return [self.get(k) for k in keys]
 
+    def read_many(self, keys: Sequence[bytes], sink: Callable[[int, memoryview], None]) -> list[bool]:
+        """``sink(i, view)`` for each block found (view valid during the call only)."""
+        found = [False] * len(keys)
+        for i, k in enumerate(keys):
+
+            def one(mv: memoryview, i: int = i) -> None:
+                found[i] = True
+                sink(i, mv)
+
+            self.read(k, one)
+        return found
+
+    def delete_many(self, keys: Sequence[bytes]) -> int:
+        return sum(1 for k in keys if self.delete(k))
+
     @property
     def max_block_bytes(self) -> int:
         """The largest block any level can hold; larger puts raise BlockTooLarge."""

@@ -52,7 +52,7 @@ def _absent(c: KVStoreClient, *keys: bytes) -> None:
 def test_unknown_keys_miss(client: KVStoreClient) -> None:
     assert client.get_many([b"nope-1", b"nope-2"]) == [None, None]
     assert client.lookup([b"nope-1", GOOD_KEY]) == (0, [None, "cpu"])
-    assert client.delete([b"nope-1"]) == 0
+    assert client.delete_many([b"nope-1"]) == 0
 
 
 def test_bad_checksum_rejects_whole_batch(client: KVStoreClient) -> None:
@@ -77,7 +77,7 @@ def test_malformed_and_mismatched_blocks(client: KVStoreClient) -> None:
     with pytest.raises(InvalidRequest, match="shape"):
         client.put_many([(k, _enc(k, n=1000))], shape=(1024,))
     assert client.put_many([(k, _enc(k))], dtype="<f4", shape=(1024,)) == [True]  # matching: stored
-    assert client.delete([k]) == 1
+    assert client.delete(k)
     with pytest.raises(InvalidRequest, match="length"):
         client.lookup([b""])
 

@@ -99,9 +99,17 @@ def test_round_trip(tmp_path: Path, daemons: list[Daemon], use_shm: bool) -> Non
         assert set(res.tiers[:10]) == {"cpu", "disk"}
         got = c.get_many([k for k, _ in blocks] + [b"unknown-key"])
         assert got[:10] == [b for _, b in blocks] and got[10] is None
+        pool = bytearray(11 * len(blocks[1][1]))
+        n = len(blocks[1][1])
+
+        def into(i: int, mv: memoryview) -> None:
+            pool[i * n : (i + 1) * n] = mv
+
+        assert c.read_many([k for k, _ in blocks] + [b"unknown-key"], into) == [True] * 10 + [False]
+        assert bytes(pool[3 * n : 4 * n]) == blocks[3][1]
         blk = c.get_blocks([blocks[4][0]])[0]
         assert blk is not None and blk.array()[0] == 4 and blk.layout == "T"
-        assert c.delete([blocks[0][0], b"unknown-key"]) == 1
+        assert c.delete_many([blocks[0][0], b"unknown-key"]) == 1
         assert c.get(blocks[0][0]) is None
         st = {t.name: t for t in c.stats().tiers}
         assert st["cpu"].used_bytes <= st["cpu"].capacity_bytes and st["disk"].spills >= 6

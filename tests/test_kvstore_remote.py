@@ -147,7 +147,7 @@ def test_daemon_with_every_tier_from_flags(tmp_path: Path, s3_endpoint: S3Endpoi
             res = c.lookup([k for k, _ in blocks])
             assert res.prefix_len == 20 and "s3" in res.tiers and "cpu" in res.tiers
             assert c.get_many([k for k, _ in blocks]) == [b for _, b in blocks]
-            c.delete([k for k, _ in blocks])
+            assert c.delete_many([k for k, _ in blocks]) == 20
     finally:
         d.stop()
 

@@ -205,3 +205,20 @@ def test_metrics_registry_per_store(tmp_path: Path) -> None:
     finally:
         s1.close()
         s2.close()
+
+
+def test_read_many_zero_copy_into_a_pool(tmp_path: Path) -> None:
+    import numpy as np
+
+    with _store(tmp_path, cpu_blocks=2) as s:
+        for i in range(4):
+            s.put(_k(i), _v(i))
+        s.flush()
+        pool = np.zeros((5, BLOCK), dtype=np.uint8)
+
+        def into(i: int, mv: memoryview) -> None:
+            pool[i] = np.frombuffer(mv, dtype=np.uint8)
+
+        assert s.read_many([_k(i) for i in range(5)], into) == [True] * 4 + [False]
+        assert all(pool[i].tobytes() == _v(i) for i in range(4))
+        assert s.delete_many([_k(0), _k(9)]) == 1
