@@ -95,8 +95,8 @@ def chain_keys(
 ) -> list[BlockKey]:
     """Chained keys of every *full* page of ``token_ids`` (a trailing partial page has no key)."""
     ps = namespace.page_size if page_size is None else page_size
-    if ps <= 0:
-        raise ValueError(f"page_size must be > 0, got {ps}")
+    if ps != namespace.page_size:  # the namespace promises its page size to every reader
+        raise ValueError(f"page_size {ps} differs from the namespace's {namespace.page_size}")
     arr = np.asarray(token_ids)
     keys: list[BlockKey] = []
     parent: bytes | None = None

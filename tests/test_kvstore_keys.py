@@ -47,6 +47,9 @@ def test_bad_tokens() -> None:
         block_key(NS, None, [-1, 2])
     with pytest.raises(ValueError):
         block_key(NS, None, [2**32])
+    with pytest.raises(ValueError):
+        chain_keys(NS, TOKENS, page_size=8)
+    assert chain_keys(NS, TOKENS, page_size=4) == chain_keys(NS, TOKENS)
 
 
 def test_same_keys_in_subprocess_with_other_hash_seed() -> None:
