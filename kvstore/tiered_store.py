@@ -267,12 +267,15 @@ class TieredStore:
             lv = self.levels[loc]
             t0 = time.perf_counter()
             raw = self._chain.guard(lv, lambda lv=lv: lv.tier.get(key))
-            if raw is None:  # error, or moved away meanwhile: look again from here
-                start = loc if lv.available() and key in self._pending else loc + 1
+            if raw is None:  # error (level now skipped), moved away meanwhile, or lost
+                with self._lock:
+                    if lv.available() and key in lv.index and key not in lv.leaving:
+                        lv.remove(key)  # the tier lost it (e.g. another node deleted it): heal
+                start = 0
                 continue
             data = bytes(raw)
             self._obs.read(lv.name, len(data), time.perf_counter() - t0)
-            self._after_lower_hit(loc, key, data)
+            self._after_lower_hit(loc, key, data, from_index=True)
             consume(memoryview(data))
             return True
         return self._find_shared(key, consume)
@@ -285,7 +288,7 @@ class TieredStore:
             raw = self._chain.guard(lv, lambda lv=lv: lv.tier.get(key))
             if raw is not None:
                 data = bytes(raw)
-                self._after_lower_hit(i, key, data)
+                self._after_lower_hit(i, key, data, from_index=False)
                 consume(memoryview(data))
                 return True
         with self._lock:
@@ -293,7 +296,8 @@ class TieredStore:
                 lv.counters.misses += 1
         return False
 
-    def _after_lower_hit(self, loc: int, key: bytes, data: bytes) -> None:
+    def _after_lower_hit(self, loc: int, key: bytes, data: bytes, from_index: bool) -> None:
+        """Count a hit below the top and promote the block (unless deleted meanwhile)."""
         jobs: list[Job] = []
         with self._lock:
             lv = self.levels[loc]
@@ -303,7 +307,8 @@ class TieredStore:
             for upper in self.levels[:loc]:
                 upper.counters.misses += 1
             self._chain.hit(key)
-            if self.promote_on_hit and not self._closed and self._chain.locate(key) not in (0, -1):
+            now = self._chain.locate(key)
+            if self.promote_on_hit and not self._closed and (now is None and not from_index or (now or 0) > 0):
                 if len(data) <= self.levels[0].capacity and self.levels[0].available():
                     lv.counters.promotions += 1
                     jobs = self._insert_top(key, data)

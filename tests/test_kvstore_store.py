@@ -222,3 +222,15 @@ def test_read_many_zero_copy_into_a_pool(tmp_path: Path) -> None:
         assert s.read_many([_k(i) for i in range(5)], into) == [True] * 4 + [False]
         assert all(pool[i].tobytes() == _v(i) for i in range(4))
         assert s.delete_many([_k(0), _k(9)]) == 1
+
+
+def test_block_lost_behind_the_stores_back_is_a_miss(tmp_path: Path) -> None:
+    with _store(tmp_path, cpu_blocks=1) as s:
+        s.put(_k(0), _v(0))
+        s.put(_k(1), _v(1))
+        s.flush()
+        assert s.lookup([_k(0)]).tiers == ["disk"]
+        s.levels[1].tier.delete(_k(0))  # e.g. wiped by an operator, or another node on a shared tier
+        assert s.get(_k(0)) is None
+        assert s.stats().tiers[1].blocks == 0  # index healed
+        assert s.lookup([_k(0)]).tiers == [None]
