@@ -1,0 +1,65 @@
+"""The connector's one frozen configuration object, validated on construction."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+POLICIES = ("auto", "always", "never")
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    address: str  # kvstore daemon HOST:PORT
+    policy: str = "auto"  # auto = cost model; always = load every hit; never = never load (recompute)
+    write_through: bool = False  # also offload a request's full pages when it finishes
+    offload_on_evict: bool = True  # offload radix leaves as they are evicted
+    lookup_deadline_s: float = 0.25  # one Lookup RPC
+    load_deadline_min_s: float = 0.5  # a load may take max(this, factor x predicted) before we give up
+    load_deadline_factor: float = 4.0
+    load_chunk_bytes: int = 16 * 2**20  # one Get RPC; a deadline keeps the chunks that arrived
+    down_backoff_s: float = 2.0  # after a daemon failure, skip lookups for this long
+    offload_queue_bytes: int = 512 * 2**20  # staged KV waiting to be sent; beyond it, offloads are dropped
+    offload_batch_bytes: int = 32 * 2**20  # one Put call
+    offload_deadline_s: float = 10.0
+    known_keys: int = 200_000  # LRU of keys known to be in the daemon (not sent again)
+    ewma_alpha: float = 0.3  # weight of a new load measurement in a tier's bandwidth
+    calibrate: bool = True  # time a few prefills at start-up (else use prefill_coeffs)
+    prefill_coeffs: tuple[float, float, float] = (0.0, 0.0, 0.0)  # a, b, c when not calibrating
+    probe: bool = True  # measure the daemon's latency/bandwidth at start-up
+    use_shm: bool | None = None  # None = shared memory if the daemon allows it
+
+    def __post_init__(self) -> None:
+        host, _, port = self.address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"kvstore address must be HOST:PORT, got {self.address!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        for name in ("lookup_deadline_s", "load_deadline_min_s", "load_deadline_factor", "offload_deadline_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if not 0 < self.ewma_alpha <= 1:
+            raise ValueError("ewma_alpha must be in (0, 1]")
+        if min(self.load_chunk_bytes, self.offload_queue_bytes, self.offload_batch_bytes, self.known_keys) <= 0:
+            raise ValueError("sizes must be > 0")
+        if not self.calibrate and not any(self.prefill_coeffs):
+            raise ValueError("calibrate=False needs prefill_coeffs")
+
+    @staticmethod
+    def from_env(address: str, **overrides: object) -> ConnectorConfig:
+        """Defaults < TIERKV_CONNECTOR_* environment < explicit overrides."""
+        kw: dict[str, object] = {}
+        for f in fields(ConnectorConfig):
+            raw = os.environ.get(f"TIERKV_CONNECTOR_{f.name.upper()}")
+            if raw is None or f.name in ("address", "prefill_coeffs", "use_shm"):
+                continue
+            if f.type in ("bool", bool):
+                kw[f.name] = raw.lower() in ("1", "true", "yes", "on")
+            elif f.type in ("int", int):
+                kw[f.name] = int(raw)
+            elif f.type in ("float", float):
+                kw[f.name] = float(raw)
+            else:
+                kw[f.name] = raw
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return ConnectorConfig(address=address, **kw)  # type: ignore[arg-type]

@@ -1,0 +1,173 @@
+"""Transfer versus recompute: how many of the daemon's pages are worth loading for one request.
+
+Load time of k pages = the slowest involved tier's latency + sum over tiers of bytes / bandwidth.
+Each tier's bandwidth is an EWMA of what the connector measured, seeded by a start-up probe of
+the daemon (tiers the probe cannot reach get conservative seeds until a first real load).
+
+Recompute time comes from a prefill model calibrated on this machine at start-up:
+``t = a + b*new + c*new*ctx`` where ``new`` is the number of tokens fed and ``ctx`` the mean
+length they attend to (tokens already cached + new/2), fitted by least squares over a few timed
+prefills. Nothing is hard-coded per machine: on a GPU prefill is cheap and S3 loses, on a CPU
+the opposite.
+
+``decide`` evaluates every k from 0 (recompute) to all available pages and keeps the fastest:
+T(k) = load(k) + prefill(rest | context m + k pages).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+#: seeds for tiers the start-up probe could not measure: (latency s, bytes/s)
+DEFAULT_TIERS = {
+    "cpu": (0.001, 2e9),
+    "redis": (0.002, 5e8),
+    "disk": (0.002, 5e8),
+    "s3": (0.02, 1.5e8),
+}
+_FALLBACK = (0.02, 1e8)
+
+
+class PrefillModel(NamedTuple):
+    a: float  # s per forward pass
+    b: float  # s per token
+    c: float  # s per token x attended token
+
+    def predict(self, new: int, ctx: int = 0) -> float:
+        if new <= 0:
+            return 0.0
+        return self.a + self.b * new + self.c * new * (ctx + new / 2)
+
+    @staticmethod
+    def fit(samples: Sequence[tuple[int, int, float]]) -> PrefillModel:
+        """Least squares over (new, ctx, seconds); coefficients clamped at >= 0."""
+        x = np.array([[1.0, n, n * (c + n / 2)] for n, c, _ in samples])
+        y = np.array([t for _, _, t in samples])
+        active = [0, 1, 2]
+        while True:
+            coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+            neg = [active[i] for i, v in enumerate(coef) if v < 0]
+            if not neg or len(active) == 1:
+                break
+            active = [i for i in active if i not in neg]
+        full = [0.0, 0.0, 0.0]
+        for i, v in zip(active, coef, strict=True):
+            full[i] = max(float(v), 0.0)
+        return PrefillModel(*full)
+
+
+@dataclass
+class TierModel:
+    latency_s: float
+    bandwidth: float  # bytes / s
+    measured: int = 0  # loads that updated it
+
+    def time(self, nbytes: int) -> float:
+        return nbytes / self.bandwidth
+
+
+class Decision(NamedTuple):
+    pages: int  # pages to load (a prefix of what the daemon holds)
+    outcome: str  # load_all | load_partial | recompute
+    tier: str  # tier holding most of the pages considered
+    predicted_load_s: float  # for ``pages``
+    predicted_compute_s: float  # prefill of what is left after loading ``pages``
+    predicted_recompute_s: float  # prefill of everything (the no-load option)
+
+    @property
+    def predicted_total_s(self) -> float:
+        return self.predicted_load_s + self.predicted_compute_s
+
+
+class CostModel:
+    def __init__(self, prefill: PrefillModel, bytes_per_page: int, page_size: int, alpha: float = 0.3,
+                 policy: str = "auto") -> None:
+        self.prefill = prefill
+        self.bytes_per_page = bytes_per_page
+        self.page_size = page_size
+        self.alpha = alpha
+        self.policy = policy
+        self.tiers: dict[str, TierModel] = {}
+        self._lock = threading.Lock()
+
+    # -- tiers -----------------------------------------------------------------------
+    def seed(self, tier: str, latency_s: float, bandwidth: float) -> None:
+        with self._lock:
+            self.tiers[tier] = TierModel(max(latency_s, 0.0), max(bandwidth, 1.0))
+
+    def tier(self, name: str) -> TierModel:
+        with self._lock:
+            t = self.tiers.get(name)
+            if t is None:
+                lat, bw = DEFAULT_TIERS.get(name, _FALLBACK)
+                if "cpu" in self.tiers and name != "cpu":  # never faster than the measured cpu tier
+                    bw = min(bw, self.tiers["cpu"].bandwidth)
+                    lat = max(lat, self.tiers["cpu"].latency_s)
+                t = self.tiers[name] = TierModel(lat, bw)
+            return t
+
+    def load_time(self, tiers: Sequence[str | None]) -> float:
+        """Predicted seconds to load one page from each of ``tiers`` (in one request)."""
+        if not tiers:
+            return 0.0
+        per: dict[str, int] = {}
+        for t in tiers:
+            per[t or "?"] = per.get(t or "?", 0) + 1
+        models = {t: self.tier(t) for t in per}
+        return max(m.latency_s for m in models.values()) + sum(
+            models[t].time(n * self.bytes_per_page) for t, n in per.items())
+
+    def observe(self, tiers: Sequence[str | None], seconds: float) -> None:
+        """Fold one measured load into the bandwidths of the tiers it read from."""
+        if not tiers or seconds <= 0:
+            return
+        per: dict[str, int] = {}
+        for t in tiers:
+            per[t or "?"] = per.get(t or "?", 0) + 1
+        models = {t: self.tier(t) for t in per}
+        lat = max(m.latency_s for m in models.values())
+        predicted = sum(models[t].time(n * self.bytes_per_page) for t, n in per.items())
+        actual = max(seconds - lat, seconds * 0.1)
+        ratio = actual / predicted  # > 1: slower than we thought
+        with self._lock:
+            for t, n in per.items():
+                m = models[t]
+                share = n / len(tiers)
+                w = self.alpha * share if m.measured else share  # a first measurement replaces a seed
+                m.bandwidth = max(1.0, m.bandwidth + w * (m.bandwidth / ratio - m.bandwidth))
+                m.measured += 1
+
+    # -- the decision ------------------------------------------------------------------
+    def decide(self, cached_tokens: int, total_tokens: int, tiers: Sequence[str | None]) -> Decision:
+        """``cached_tokens`` are already in the pool, ``total_tokens`` must be fed in all (the
+        prompt), ``tiers`` holds the tier of each page the daemon has right after the cache."""
+        ps = self.page_size
+        avail = len(tiers)
+        recompute = self.prefill.predict(total_tokens - cached_tokens, cached_tokens)
+        best_k, best_t, best_load = 0, recompute, 0.0
+        if self.policy == "always":
+            candidates = [avail]
+        elif self.policy == "never":
+            candidates = []
+        else:
+            candidates = range(1, avail + 1)
+        for k in candidates:
+            load = self.load_time(tiers[:k])
+            ctx = cached_tokens + k * ps
+            total = load + self.prefill.predict(total_tokens - ctx, ctx)
+            if total < best_t or self.policy == "always":
+                best_k, best_t, best_load = k, total, load
+        outcome = "recompute" if best_k == 0 else ("load_all" if best_k == avail else "load_partial")
+        counts: dict[str, int] = {}
+        for t in tiers[: best_k or avail]:
+            counts[t or "?"] = counts.get(t or "?", 0) + 1
+        tier = max(counts, key=lambda t: counts[t]) if counts else "none"
+        return Decision(best_k, outcome, tier, best_load, best_t - best_load, recompute)

@@ -1,0 +1,33 @@
+"""Block keys of an engine's pages: chained blake2b keys (kvstore/keys.py) in a namespace made of
+the model fingerprint, page size, KV dtype and the request's tenant salt (``cache_salt``).
+
+Two tenants therefore never compute the same key for the same tokens, and two engines with the
+same model and settings always do (no Python ``hash()`` anywhere: stable across processes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvstore.keys import BlockKey, Namespace, chain_keys
+
+
+class KeySpace:
+    def __init__(self, fingerprint: str, model_type: str, page_size: int, dtype: torch.dtype) -> None:
+        self.page_size = page_size
+        self._base = Namespace(arch=model_type, weights_digest=fingerprint, kv_dtype=str(dtype).removeprefix("torch."),
+                               page_size=page_size)
+        self._by_salt: dict[str, Namespace] = {"": self._base}
+
+    def namespace(self, salt: str | None) -> Namespace:
+        salt = salt or ""
+        ns = self._by_salt.get(salt)
+        if ns is None:
+            ns = self._by_salt[salt] = self._base.with_tenant(salt)
+        return ns
+
+    def keys(self, tokens: Sequence[int], salt: str | None) -> list[BlockKey]:
+        """Keys of every full page of ``tokens`` (a trailing partial page has none)."""
+        return chain_keys(self.namespace(salt), list(tokens), self.page_size)

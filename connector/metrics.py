@@ -1,0 +1,36 @@
+"""Prometheus metrics of one connector (own registry; the engine serves them on its /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class ConnectorMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.decisions = Counter("tierkv_connector_decisions", "Cost-model decisions per request",
+                                 ["tier", "outcome"], registry=r)
+        self.lookups = Counter("tierkv_connector_lookups", "Daemon lookups", ["result"], registry=r)
+        self.loaded_tokens = Counter("tierkv_connector_loaded_tokens", "Prompt tokens whose KV was loaded",
+                                     ["tier"], registry=r)
+        self.load_seconds = Histogram("tierkv_connector_load_seconds", "Time of one load (lookup excluded)",
+                                      buckets=_LAT, registry=r)
+        self.load_failures = Counter("tierkv_connector_load_failures", "Loads cut short", ["reason"], registry=r)
+        self.offload_blocks = Counter("tierkv_connector_offload_blocks", "Blocks handed to the offloader",
+                                      ["result"], registry=r)  # sent | skipped_known | skipped_held | dropped | failed
+        self.offload_bytes = Counter("tierkv_connector_offload_bytes", "Bytes sent to the daemon", registry=r)
+        self.offload_queue_bytes = Gauge("tierkv_connector_offload_queue_bytes", "Staged bytes waiting to be sent",
+                                         registry=r)
+        self.prediction_error = Histogram("tierkv_connector_prediction_error_ratio",
+                                          "|predicted - measured| / measured of loads",
+                                          buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5), registry=r)
+
+    def collectors(self) -> list:
+        return [self.decisions, self.lookups, self.loaded_tokens, self.load_seconds, self.load_failures,
+                self.offload_blocks, self.offload_bytes, self.offload_queue_bytes, self.prediction_error]
+
+    def value(self, name: str, **labels: str) -> float:
+        v = self.registry.get_sample_value(name, labels or None)
+        return float(v) if v is not None else 0.0
