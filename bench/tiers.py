@@ -8,7 +8,8 @@ tier is measured against the cheapest way to move the same bytes from the same p
   redis get                                    vs  plain redis-py GET, same server
 Baseline and tier reads alternate block by block (order flipped each time) and the medians of the
 per-pass sums over repetitions are compared, so drift in machine load hits both sides alike.
-``ratio = get / raw``.
+``ratio = get / raw`` (ratio of medians); ``paired_ratio`` is the median over repetitions of
+raw time / tier time of the same pass, steadier when other processes load the machine.
 Page cache cannot be dropped here: both disk sides are read once before timing (warm).
 """
 
@@ -81,8 +82,10 @@ def measure(tier: Tier, blocks: list[Block], raw_get: Callable[[bytes, np.ndarra
         get_t.append(get_s)
     many_t = [_timed(lambda: [consume(v) for v in tier.get_many(keys)]) for _ in range(max(2, reps // 2))]
     put_gbps, get_gbps, raw_gbps = _gbps(nbytes, puts), _gbps(nbytes, get_t), _gbps(nbytes, raw_t)
+    paired = statistics.median(r / g for r, g in zip(raw_t, get_t, strict=True))
     return {"put_gbps": put_gbps, "get_gbps": get_gbps, "raw_gbps": raw_gbps,
-            "ratio": round(get_gbps / raw_gbps, 3), "get_many_gbps": _gbps(nbytes, many_t),
+            "ratio": round(get_gbps / raw_gbps, 3), "paired_ratio": round(paired, 3),
+            "get_many_gbps": _gbps(nbytes, many_t),
             "bytes_per_pass": nbytes, "blocks": len(blocks), "reps": reps}
 
 
@@ -192,7 +195,7 @@ def run(quick: bool) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each server runs only while its own tier is measured, so an idle SeaweedFS does not steal
     CPU from the redis figures on a 2-core machine; the daemon reuses the running redis."""
     blocks = make_blocks(16 if quick else 48)
-    reps = 5 if quick else 11
+    reps = 15 if quick else 31  # cheap (one pass is ~20-60 MB) and the machine is shared: many reps
 
     def step(name: str, fn: Callable[[], dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         print(f"measuring {name}...", file=sys.stderr, flush=True)
