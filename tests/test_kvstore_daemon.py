@@ -166,3 +166,33 @@ def test_unavailable_daemon_fails_fast() -> None:
     assert time.monotonic() - t < 5
     assert not c.health()
     c.close()
+
+
+def test_concurrent_clients(tmp_path: Path, daemons: list[Daemon]) -> None:
+    import threading
+
+    d = Daemon(tmp_path, "--cpu", "2MiB", "--disk", f"{tmp_path}/disk:64MiB").start()
+    daemons.append(d)
+    errors: list[BaseException] = []
+    shared = KVStoreClient(d.address, deadline_s=20)  # one client used by several threads too
+
+    def worker(base: int, own: bool) -> None:
+        try:
+            c = KVStoreClient(d.address, deadline_s=20) if own else shared
+            blocks = [_block(base + i, floats=16 * 1024) for i in range(20)]
+            for j in range(0, 20, 5):
+                c.put_many(blocks[j : j + 5])
+                got = c.get_many([k for k, _ in blocks[: j + 5]])
+                assert got == [b for _, b in blocks[: j + 5]]
+            if own:
+                c.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(b * 1000, b % 2 == 0)) for b in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    shared.close()
+    assert not errors, errors[0]
