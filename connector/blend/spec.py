@@ -80,10 +80,10 @@ def build_blend_request(tokenizer: Any, system: str, documents: Sequence[str], q
     """
     if not documents:
         raise InvalidBlendRequestError("a blend request needs at least one document", "documents")
-    head: list[int] = []
-    if bos and getattr(tokenizer, "bos_token_id", None) is not None:
-        head.append(int(tokenizer.bos_token_id))
-    head += _encode(tokenizer, system) if system else []
+    head = _encode(tokenizer, system) if system else []
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos and bos_id is not None and head[:1] != [bos_id]:  # a chat template may already start with it
+        head.insert(0, int(bos_id))
     segs: list[Segment] = []
     if head:
         segs.append(Segment(tuple(head), False))
