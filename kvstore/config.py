@@ -102,7 +102,7 @@ class StoreConfig:
     spill_queue_bytes: int = 256 * 1024**2  # bytes waiting to spill before puts block
     tier_retry_s: float = 2.0  # a tier that errored is skipped for this long
     max_block_bytes: int = 64 * 1024**2
-    max_batch_bytes: int = 1024**3  # one Put/Get call
+    max_batch_bytes: int = 256 * 1024**2  # one Put call (bounds memory: x workers)
     max_message_bytes: int = 8 * 1024**2  # gRPC message limit, both directions
     chunk_bytes: int = 4 * 1024**2  # streamed chunks (must fit in a message)
     workers: int = 8
