@@ -45,6 +45,11 @@ class Loader:
         self.chunk_pages = max(1, chunk_bytes // pool.bytes_per_page)
         self._shape = pool.block_shape()
         self._dtype = _expected_dtype(pool.dtype)
+        self.throttle_bps = 0.0  # > 0: a bandwidth test double, every chunk also waits bytes / this
+
+    def _throttle(self, n_blocks: int, left: float) -> None:
+        if self.throttle_bps > 0:
+            time.sleep(min(left, n_blocks * self.pool.bytes_per_page / self.throttle_bps))
 
     def lookup(self, keys: Sequence[BlockKey], deadline_s: float) -> list[str | None]:
         """Tier of each leading key the daemon holds, up to the first miss (raises KVStoreError)."""
@@ -63,6 +68,11 @@ class Loader:
                 failure = "deadline"
                 break
             chunk = list(keys[start : start + self.chunk_pages])
+            self._throttle(len(chunk), left)
+            left = end - time.perf_counter()
+            if left <= 0:
+                failure = "deadline"
+                break
             good = [False] * len(chunk)
             bad: list[str] = []
 
