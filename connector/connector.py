@@ -137,12 +137,14 @@ class KVConnector:
             self.metrics.load_failures.labels(res.failure).inc()
             if res.failure in ("deadline", "unavailable"):
                 self._mark_down(res.failure)
+        if res.pages_ok == len(plan.keys):
+            self.cost.observe(plan.tiers, res.seconds)
+            pred = plan.decision.predicted_load_s
+            self.metrics.prediction_error.observe(abs(pred - res.seconds) / res.seconds)
+        elif res.failure == "deadline":  # at least this slow: learn it, or we would retry forever
+            self.cost.observe(plan.tiers[: max(res.pages_ok, 1)], res.seconds)
         if res.pages_ok:
             self.known.add(plan.keys[: res.pages_ok])
-            if res.pages_ok == len(plan.keys):
-                self.cost.observe(plan.tiers, res.seconds)
-                pred = plan.decision.predicted_load_s
-                self.metrics.prediction_error.observe(abs(pred - res.seconds) / res.seconds)
             for t in plan.tiers[: res.pages_ok]:
                 self.metrics.loaded_tokens.labels(t or "?").inc(self.page_size)
         self._record(req, plan.decision, res.seconds)
