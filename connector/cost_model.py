@@ -1,7 +1,7 @@
 """Transfer versus recompute: how many of the daemon's pages are worth loading for one request.
 
 Load time of k pages = the slowest involved tier's latency + sum over tiers of bytes / bandwidth.
-Each tier's bandwidth is an EWMA of what the connector measured, seeded by a start-up probe of
+Each tier's bandwidth is an EWMA (of seconds per byte) of what the connector measured, seeded by a start-up probe of
 the daemon (tiers the probe cannot reach get conservative seeds until a first real load).
 
 Recompute time comes from a prefill model calibrated on this machine at start-up:
@@ -142,7 +142,8 @@ class CostModel:
                 m = models[t]
                 share = n / len(tiers)
                 w = self.alpha * share if m.measured else share  # a first measurement replaces a seed
-                m.bandwidth = max(1.0, m.bandwidth + w * (m.bandwidth / ratio - m.bandwidth))
+                inv = 1.0 / m.bandwidth  # EWMA of seconds per byte: averages times, reacts to slow-downs
+                m.bandwidth = max(1.0, 1.0 / (inv + w * (inv * ratio - inv)))
                 m.measured += 1
 
     # -- the decision ------------------------------------------------------------------

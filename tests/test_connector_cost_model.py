@@ -1,0 +1,88 @@
+"""The transfer-versus-recompute cost model: its fits and decisions, and end to end on a real
+daemon with a bandwidth test double (the loader's throttle) standing in for a slow tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from connector.cost_model import CostModel, PrefillModel
+from tests.test_connector_support import attach, daemon, detach, make_engine, prompt, run
+
+MB = 1_000_000
+
+
+def test_prefill_fit_recovers_coefficients() -> None:
+    true = PrefillModel(0.02, 4e-3, 2e-7)
+    samples = [(n, c, true.predict(n, c)) for n, c in [(16, 0), (64, 0), (256, 0), (512, 0), (128, 512), (128, 1024)]]
+    fit = PrefillModel.fit(samples)
+    for n, c in [(1000, 0), (100, 2000), (2000, 100)]:
+        assert fit.predict(n, c) == pytest.approx(true.predict(n, c), rel=1e-6)
+    clamped = PrefillModel.fit([(10, 0, 0.5), (20, 0, 0.4), (30, 0, 0.3)])  # no negative coefficients
+    assert min(clamped) >= 0
+
+
+def _model(cpu_bw: float = 2e9, s3_bw: float = 1e8) -> CostModel:
+    m = CostModel(PrefillModel(0.01, 4e-3, 1e-7), bytes_per_page=16 * 46_080, page_size=16)
+    m.seed("cpu", 0.001, cpu_bw)
+    m.seed("s3", 0.02, s3_bw)
+    return m
+
+
+def test_decisions_fast_slow_and_mixed() -> None:
+    fast = _model().decide(0, 2048, ["cpu"] * 127)
+    assert (fast.outcome, fast.pages, fast.tier) == ("load_all", 127, "cpu")
+    assert fast.predicted_total_s < fast.predicted_recompute_s
+    slow = _model(cpu_bw=1 * MB).decide(0, 2048, ["cpu"] * 127)  # 94 MB at 1 MB/s >> 8 s of prefill
+    assert (slow.outcome, slow.pages, slow.tier) == ("recompute", 0, "cpu")
+    mixed = _model(s3_bw=0.5 * MB).decide(0, 2048, ["cpu"] * 60 + ["s3"] * 67)
+    assert (mixed.outcome, mixed.pages) == ("load_partial", 60)
+    tiny_prompt = _model().decide(2032, 2050, ["cpu"])  # one page: latency + bytes vs 16 tokens
+    assert tiny_prompt.pages in (0, 1)
+    assert CostModel(PrefillModel(1, 1, 0), 1000, 16, policy="never").decide(0, 100, ["cpu"] * 6).pages == 0
+    assert CostModel(PrefillModel(0, 0, 0), 1000, 16, policy="always").decide(0, 100, ["cpu"] * 6).pages == 6
+
+
+def test_observe_moves_bandwidth_towards_measurements() -> None:
+    m = _model(cpu_bw=1e9)
+    page = m.bytes_per_page
+    m.observe(["cpu"] * 100, 0.001 + 100 * page / 1e8)  # the first measurement replaces the seed
+    assert m.tier("cpu").bandwidth == pytest.approx(1e8, rel=1e-6)
+    m.observe(["cpu"] * 100, 0.001 + 100 * page / 2e8)  # then an EWMA
+    assert 1e8 < m.tier("cpu").bandwidth < 2e8
+    assert m.tier("disk").bandwidth <= m.tier("cpu").bandwidth  # unmeasured seeds never beat cpu
+
+
+def test_slow_tier_recompute_fast_tier_load_end_to_end(tiny, tmp_path: Path) -> None:
+    ids = prompt(400, seed=21)  # 24 loadable pages of 8 KiB
+    with daemon(tmp_path, "--cpu", "64MiB") as d:
+        eng = make_engine(tiny)
+        # a fixed prefill model (0.4 s for these 400 tokens; the tiny model's real prefill is too
+        # close to a load to make a stable test): what is under test is the measured load side
+        conn = attach(eng, d.address, policy="auto", prefill_coeffs=(0.01, 1e-3, 0.0), probe=True,
+                      write_through=True, load_deadline_min_s=30.0)
+        try:
+            want = run(eng, ids).output_ids
+            assert conn.wait_for_save(30)
+
+            def again():
+                eng.radix.reset()
+                conn.known.discard(conn.keyspace.keys(ids, None))
+                return run(eng, ids)
+
+            fast = again()  # measured cpu tier: loading 24 pages beats the prefill
+            assert fast.extra["kv_decision"].outcome == "load_all" and fast.output_ids == want
+            conn.loader.throttle_bps = 0.05 * MB  # the tier becomes slow: ~4 s for these 196 KB
+            slow = again()  # the model still believes the tier is fast: it loads, and measures
+            assert slow.extra["kv_decision"].outcome == "load_all" and slow.extra["kv_load_s"] > 2
+            assert conn.cost.tier("cpu").bandwidth < 0.3 * MB
+            after = again()  # now it knows: recompute
+            d_after = after.extra["kv_decision"]
+            assert (d_after.outcome, d_after.pages) == ("recompute", 0) and after.cached_tokens == 0
+            assert after.output_ids == want
+            conn.loader.throttle_bps = 0.0
+            assert conn.metrics.value("tierkv_connector_decisions_total", tier="cpu", outcome="load_all") == 2
+            assert conn.metrics.value("tierkv_connector_decisions_total", tier="cpu", outcome="recompute") == 1
+        finally:
+            detach(eng)
