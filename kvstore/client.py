@@ -9,11 +9,14 @@ message.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import grpc
+import numpy as np
 
+from kvstore import transfer
 from kvstore.block import Block, decode_block
 from kvstore.errors import (
     ChecksumError,
@@ -25,13 +28,12 @@ from kvstore.errors import (
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.retry import Retry
-from kvstore.shm import HEADER_BYTES, Handle, ShmPool, ShmSegment
+from kvstore.shm import Handle, ShmPool, ShmSegment
 from kvstore.store_types import LookupResult, StoreStats, TierStats
 from tiers.base import Buffer
 
 T = TypeVar("T")
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_ALIGN = 64
 
 
 class _StaleSession(Exception):
@@ -150,7 +152,8 @@ class KVStoreClient:
         """
         out: list[bool] = []
         for batch in self._batches(items):
-            out += self._call(lambda b=batch: self._with_shm(lambda h: self._put_batch(b, h, dtype, shape)))
+            out += self._call(lambda b=batch: self._with_shm(
+                lambda h: transfer.put_batch(self._stub, b, h, dtype, shape, self.chunk_bytes, self.deadline_s)))
         return out
 
     def _batches(self, items: Sequence[tuple[bytes, Buffer]]) -> Iterator[list[tuple[bytes, memoryview]]]:
@@ -159,7 +162,7 @@ class KVStoreClient:
         size = 0
         for k, v in items:
             mv = memoryview(v).cast("B")
-            n = (mv.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            n = transfer.align(mv.nbytes)
             if batch and (size + n > limit or len(batch) >= self.batch_keys):
                 yield batch
                 batch, size = [], 0
@@ -168,48 +171,25 @@ class KVStoreClient:
         if batch:
             yield batch
 
-    def _put_batch(
-        self, batch: list[tuple[bytes, memoryview]], handle: Handle | None, dtype: str,
-        shape: Sequence[int],
-    ) -> list[bool]:  # fmt: skip
-        specs = [pb.BlockSpec(key=k, size=v.nbytes, dtype=dtype, shape=list(shape)) for k, v in batch]
-        refs: list[pb.ShmRef] = []
-        streamed = list(range(len(batch)))
-        session = ""
-        if handle is not None:
-            seg, session = handle
-            pos, streamed = HEADER_BYTES, []
-            for i, (_, v) in enumerate(batch):
-                if pos + v.nbytes <= seg.size:
-                    seg.buf[pos : pos + v.nbytes] = v
-                    refs.append(pb.ShmRef(index=i, offset=pos, length=v.nbytes))
-                    pos += (v.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-                else:
-                    streamed.append(i)
+    def get(self, key: bytes, copy: bool = False) -> Buffer | None:
+        return self.get_many([key], copy=copy)[0]
 
-        def messages() -> Iterator[pb.PutRequest]:
-            yield pb.PutRequest(begin=pb.PutBegin(blocks=specs, shm_session=session if refs else ""))
-            for i in streamed:
-                v = batch[i][1]
-                for off in range(0, v.nbytes, self.chunk_bytes):
-                    data = bytes(v[off : off + self.chunk_bytes])
-                    yield pb.PutRequest(chunk=pb.PutChunk(index=i, offset=off, data=data))
-            yield pb.PutRequest(commit=pb.PutCommit(shm=refs))
+    def get_many(self, keys: Sequence[bytes], copy: bool = False) -> list[Buffer | None]:
+        """Encoded blocks (None for a miss), in the order of ``keys``.
 
-        resp = self._stub.Put(messages(), timeout=self.deadline_s)
-        return [s == pb.STORED for s in resp.status]
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.get_many([key])[0]
-
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Encoded blocks (None for a miss), in the order of ``keys``."""
-        out: list[bytes | None] = [None] * len(keys)
-
-        def keep(i: int, mv: memoryview) -> None:
-            out[i] = bytes(mv)
-
-        self.read_many(keys, keep)
+        On the shared-memory path blocks come back as read-only memoryviews of the segment the
+        daemon wrote (no copy at all); that segment is reused only once every view of the call
+        is gone, so pass ``copy=True`` (bytes) for blocks kept for long. Elsewhere: bytes.
+        """
+        out: list[Buffer | None] = [None] * len(keys)
+        if copy or not self._shm.enabled:
+            self.read_many(keys, lambda i, mv: out.__setitem__(i, bytes(mv)))
+            return out
+        todo = list(range(len(keys)))
+        while todo:
+            idx, todo = todo[: self.batch_keys], todo[self.batch_keys :]
+            left = self._call(lambda idx=idx: self._get_leased([keys[i] for i in idx], out, idx))
+            todo = left + todo
         return out
 
     def read_many(self, keys: Sequence[bytes], sink: Callable[[int, memoryview], None]) -> list[bool]:
@@ -234,39 +214,36 @@ class KVStoreClient:
         """Decoded blocks; raises ChecksumError if a block was corrupted at rest or in transit."""
         return [None if b is None else decode_block(b, verify=verify) for b in self.get_many(keys)]
 
-    def _read_batch(
-        self, keys: list[bytes], handle: Handle | None, sink: Callable[[int, memoryview], None]
-    ) -> None:
+    def _read_batch(self, keys: list[bytes], handle: Handle | None, sink: transfer.Sink) -> None:
         if handle is None:
-            parts: dict[int, bytearray] = {}
-            for r in self._stub.Get(pb.GetRequest(keys=keys), timeout=self.deadline_s):
-                if r.found:
-                    buf = parts.setdefault(r.index, bytearray(r.total))
-                    buf[r.offset : r.offset + len(r.data)] = r.data
-            for i in sorted(parts):
-                sink(i, memoryview(parts[i]))
-            return
-        seg, session = handle
-        todo = list(range(len(keys)))
-        while todo:
-            req = pb.GetRequest(
-                keys=[keys[i] for i in todo], shm_session=session, shm_offset=HEADER_BYTES,
-                shm_length=seg.data_bytes,
-            )  # fmt: skip
-            (resp,) = list(self._stub.Get(req, timeout=self.deadline_s))
-            again: list[int] = []
-            for b in resp.shm:
-                i = todo[b.index]
-                if b.deferred:
-                    if b.length > seg.data_bytes:  # can never fit: fetch this one by streaming
-                        self._read_batch([keys[i]], None, lambda _j, mv, i=i: sink(i, mv))
-                    else:
-                        again.append(i)
-                elif b.found:
-                    sink(i, seg.buf[b.offset : b.offset + b.length])
-            if len(again) == len(todo):
-                raise KVStoreError("daemon deferred every block of a shared-memory get")
-            todo = again
+            transfer.get_streamed(self._stub, keys, sink, self.deadline_s)
+        else:
+            transfer.get_shm(self._stub, keys, handle, sink, self.deadline_s)
+
+    def _get_leased(self, keys: list[bytes], out: list[Buffer | None], idx: list[int]) -> list[int]:
+        """Blocks as read-only views into a segment leased until every view is dropped."""
+        handle = self._shm.acquire(lease=True)
+        if handle is None:  # every segment is held by views still alive: copy instead
+            self.read_many(keys, lambda j, mv: out.__setitem__(idx[j], bytes(mv)))
+            return []
+        lease = np.frombuffer(handle[0].buf, dtype=np.uint8)
+        done = weakref.finalize(lease, self._shm.release, handle, True)
+
+        def keep(j: int, mv: memoryview) -> None:
+            out[idx[j]] = mv.toreadonly()
+
+        def view(off: int, n: int) -> memoryview:
+            return memoryview(lease[off : off + n])
+
+        try:
+            left = transfer.get_shm(self._stub, keys, handle, keep, self.deadline_s, view=view, keep=True)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                done.detach()
+                self._shm.discard_all(handle, leased=True)
+                raise _StaleSession() from e
+            raise
+        return [idx[j] for j in left]
 
     def health(self) -> bool:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -279,7 +256,7 @@ class KVStoreClient:
         return r.status == health_pb2.HealthCheckResponse.SERVING
 
     def close(self) -> None:
-        for seg, session in self._shm.drain():
+        for seg, session in self._shm.close():
             try:
                 self._stub.DetachShm(pb.DetachShmRequest(session=session), timeout=1.0)
             except grpc.RpcError:

@@ -143,54 +143,83 @@ Handle = tuple[ShmSegment, str]  # (segment, daemon session id)
 
 
 class ShmPool:
-    """Client side: segments attached to one daemon, one per in-flight call, reused.
+    """Client side: segments attached to one daemon, reused across calls.
 
-    ``attach(segment)`` asks the daemon to map a new segment and returns the session id, or
-    None when the daemon cannot see it (another host): then the pool disables itself and the
-    client streams bytes instead.
+    A call either borrows a segment for its duration, or *leases* it: a get that returns views
+    into the segment keeps it until the last view is dropped (at most ``max_leases`` at once,
+    so views kept forever cannot pin unbounded memory). ``attach(segment)`` asks the daemon to
+    map a new segment and returns the session id, or None when the daemon cannot see it
+    (another host): then the pool disables itself and the client streams bytes instead.
     """
 
-    def __init__(self, size: int, attach: Callable[[ShmSegment], str | None]) -> None:
+    def __init__(self, size: int, attach: Callable[[ShmSegment], str | None], max_leases: int = 4) -> None:
         self.size = size
         self.enabled = True
         self._attach = attach
+        self._max_leases = max_leases
+        self._leased = 0
+        self._closed = False
         self._free: list[Handle] = []
-        self._lock = threading.Lock()
+        # re-entrant: lease releases run from weakref finalizers, which may fire anywhere
+        self._lock = threading.RLock()
 
-    def acquire(self) -> Handle | None:
+    def acquire(self, lease: bool = False) -> Handle | None:
         if not self.enabled:
             return None
         with self._lock:
+            if lease:
+                if self._leased >= self._max_leases:
+                    return None
+                self._leased += 1
             if self._free:
                 return self._free.pop()
-        seg = ShmSegment.create(self.size)
+        seg: ShmSegment | None = None
         try:
+            seg = ShmSegment.create(self.size)
             sid = self._attach(seg)
         except BaseException:
-            seg.close()
+            if seg is not None:
+                seg.close()
+            self._unlease(lease)
             raise
         finally:
-            seg.unlink()  # mapped on both sides (or refused): the name is no longer needed
+            if seg is not None:
+                seg.unlink()  # mapped on both sides (or refused): the name is no longer needed
         if sid is None:
             seg.close()
             self.enabled = False
+            self._unlease(lease)
             return None
         return seg, sid
 
-    def release(self, handle: Handle) -> None:
-        with self._lock:
-            self._free.append(handle)
+    def _unlease(self, lease: bool) -> None:
+        if lease:
+            with self._lock:
+                self._leased -= 1
 
-    def discard_all(self, handle: Handle) -> None:
+    def release(self, handle: Handle, leased: bool = False) -> None:
+        with self._lock:
+            self._unlease(leased)
+            if not self._closed:
+                self._free.append(handle)
+                return
+        handle[0].close()
+
+    def discard_all(self, handle: Handle, leased: bool = False) -> None:
         """The daemon forgot our session (it restarted): every session we hold is stale."""
-        for seg, _ in [handle, *self.drain()]:
+        self._unlease(leased)
+        with self._lock:
+            stale, self._free = self._free, []
+        for seg, _ in [handle, *stale]:
             seg.close()
 
-    def drain(self) -> list[Handle]:
+    def close(self) -> list[Handle]:
+        """Stop reusing segments; returns the idle ones (leased ones close when released)."""
         with self._lock:
+            self._closed = True
             out, self._free = self._free, []
         return out
 
     @property
     def active(self) -> bool:
-        return self.enabled and bool(self._free)
+        return self.enabled and (bool(self._free) or self._leased > 0)

@@ -196,3 +196,31 @@ def test_concurrent_clients(tmp_path: Path, daemons: list[Daemon]) -> None:
         t.join()
     shared.close()
     assert not errors, errors[0]
+
+
+def test_leased_views_stay_valid(tmp_path: Path, daemons: list[Daemon]) -> None:
+    import gc
+
+    d = Daemon(tmp_path, "--cpu", "32MiB", "--no-shm").start()
+    daemons.append(d)
+    blocks = [_block(i) for i in range(12)]
+    with KVStoreClient(d.address) as c:
+        c.put_many(blocks)
+        assert c.get(blocks[0][0]) == blocks[0][1] and not c.shm_active  # daemon refused shm: bytes
+    d.stop()
+    d = Daemon(tmp_path, "--cpu", "32MiB").start()
+    daemons.append(d)
+    # a 1 MiB segment holds 3 blocks: a get of 12 needs several leased segments, then copies
+    with KVStoreClient(d.address, shm_bytes=1 << 20) as c:
+        c.put_many(blocks)
+        first = c.get_many([k for k, _ in blocks[:2]])
+        assert all(isinstance(v, memoryview) and v.readonly for v in first)
+        held = c.get_many([k for k, _ in blocks])  # more than the lease cap: the rest are copies
+        assert held == [b for _, b in blocks]
+        assert any(isinstance(v, bytes) for v in held) and any(isinstance(v, memoryview) for v in held)
+        assert first == [b for _, b in blocks[:2]]  # earlier views were not overwritten
+        assert c.get_many([blocks[5][0]], copy=True) == [blocks[5][1]]
+        del first, held
+        gc.collect()
+        again = c.get_many([k for k, _ in blocks[:3]])  # leases came back: views again
+        assert all(isinstance(v, memoryview) for v in again) and again == [b for _, b in blocks[:3]]
