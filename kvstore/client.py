@@ -84,10 +84,12 @@ class KVStoreClient:
     # -- plumbing ------------------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:
         def once() -> T:
-            try:
-                return fn()
-            except _StaleSession:
-                return fn()  # a fresh segment was attached by _acquire on the retry
+            for _ in range(3):
+                try:
+                    return fn()
+                except _StaleSession:
+                    continue  # the retry attaches a fresh segment
+            raise KVStoreError("shared-memory sessions keep going stale")
 
         try:
             return self.retry.call(
