@@ -8,7 +8,7 @@ so each server is a context manager around a subprocess in its own temporary dir
   it (``stop()``/``pause()``), for tests that kill a server mid-run.
 - ``redis_cluster(nodes=3)`` yields the node URLs of a ready cluster (cluster_state:ok).
 - ``seaweedfs_s3()`` yields an ``S3Endpoint`` (url + credentials) of ``weed server -s3``;
-  ``SeaweedS3`` is its handle.
+  ``SeaweedS3`` is its handle; ``prepare_bucket`` creates a bucket and takes its first write.
 """
 
 from __future__ import annotations
@@ -255,6 +255,28 @@ class SeaweedS3:
         for port in self._ports:  # weed leaves unix sockets named after its ports in /tmp
             for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
                 sock.unlink(missing_ok=True)
+
+
+def prepare_bucket(endpoint: S3Endpoint, bucket: str, timeout_s: float = 60.0) -> None:
+    """Create ``bucket`` and write one object with patient timeouts.
+
+    SeaweedFS grows volumes on the first write to a bucket, which takes seconds on a loaded
+    machine; doing it here keeps that out of fail-fast tier timeouts and out of measurements.
+    """
+    import boto3
+    import botocore.config
+
+    client = boto3.session.Session().client(
+        "s3", endpoint_url=endpoint.url, aws_access_key_id=endpoint.access_key,
+        aws_secret_access_key=endpoint.secret_key, region_name=endpoint.region,
+        config=botocore.config.Config(connect_timeout=5, read_timeout=timeout_s))
+    try:
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=bucket)
+        client.put_object(Bucket=bucket, Key="tierkv-warmup", Body=b"x" * 4096)
+        client.delete_object(Bucket=bucket, Key="tierkv-warmup")
+    finally:
+        client.close()
 
 
 @contextlib.contextmanager

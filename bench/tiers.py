@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.servers import S3Endpoint, redis_server, seaweedfs_s3
+from bench.servers import S3Endpoint, prepare_bucket, redis_server, seaweedfs_s3
 from tiers.base import Tier
 
 MiB = 1 << 20
@@ -142,6 +142,7 @@ def bench_s3(blocks: list[Block], reps: int, ep: S3Endpoint) -> dict[str, Any]:
     from tiers.s3 import S3Tier
 
     bucket, prefix = "tierkv-bench", "bench/"
+    prepare_bucket(ep, bucket)
     plain = boto3.client("s3", endpoint_url=ep.url, aws_access_key_id=ep.access_key,
                          aws_secret_access_key=ep.secret_key, region_name=ep.region)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.servers import S3Endpoint, redis_cluster, redis_server, seaweedfs_s3
+from bench.servers import S3Endpoint, prepare_bucket, redis_cluster, redis_server, seaweedfs_s3
 from tiers.base import Tier
 
 TIER_KINDS = ["cpu", "disk", "s3", "redis", "redis-cluster"]
@@ -37,6 +37,7 @@ def redis_cluster_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[S3Endpoint]:
     with seaweedfs_s3() as endpoint:
+        prepare_bucket(endpoint, TEST_BUCKET)
         yield endpoint
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.servers import RedisServer, SeaweedS3, free_port, redis_cluster
+from bench.servers import RedisServer, SeaweedS3, free_port, prepare_bucket, redis_cluster
 from tiers.base import Tier
 from tiers.errors import TierUnavailable
 from tiers.redis import RedisTier
@@ -89,8 +89,9 @@ def own_s3(tmp_path: Path) -> Iterator[SeaweedS3]:
 
 def test_s3_stopped_mid_run(own_s3: SeaweedS3) -> None:
     ep = own_s3.endpoint
-    tier = S3Tier(ep.url, "tierkv-failures", 64 << 20, access_key=ep.access_key,
-                  secret_key=ep.secret_key, read_timeout_s=1.0)
+    prepare_bucket(ep, "tierkv-failures")
+    creds = dict(access_key=ep.access_key, secret_key=ep.secret_key)
+    tier = S3Tier(ep.url, "tierkv-failures", 64 << 20, read_timeout_s=1.0, **creds)
     tier.put(b"k", b"v" * 1000)
     assert tier.get(b"k") == b"v" * 1000
     own_s3.stop()
