@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +94,7 @@ class _Process:
                 self.proc.wait(5)
 
 
-def _wait_until(ready, procs: list[_Process], timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait_until(ready: Callable[[], bool], procs: list[_Process], timeout_s: float, what: str) -> None:
     deadline, last = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
         for p in procs:
@@ -109,7 +109,7 @@ def _wait_until(ready, procs: list[_Process], timeout_s: float, what: str) -> No
     raise ServerError(f"{what} not ready after {timeout_s}s (last error: {last}):\n{logs}")
 
 
-def _start_or_stop(proc: _Process, ready, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _start_or_stop(proc: _Process, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Wait for ``proc`` to be ready; never leave it running when it is not."""
     try:
         _wait_until(ready, [proc], timeout_s, what)

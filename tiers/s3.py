@@ -14,9 +14,10 @@ Why these choices:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from typing import Any, TypeVar
 
 import boto3
 import botocore.config
@@ -32,6 +33,8 @@ _UNREACHABLE = (
     bce.ConnectionClosedError,
     bce.HTTPClientError,
 )
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
 
 
@@ -85,7 +88,7 @@ class S3Tier(Tier):
         self._sizes: dict[bytes, int] = dict(self._list())
 
     # -- helpers --------------------------------------------------------------
-    def _call(self, what: str, fn, /, **kw):  # type: ignore[no-untyped-def]
+    def _call(self, what: str, fn: Callable[..., Any], /, **kw: Any) -> Any:
         """Run one client call, mapping botocore failures onto the tier's error types."""
         if self._closed:
             raise TierError(self.name, "tier is closed")
@@ -115,7 +118,7 @@ class S3Tier(Tier):
     def _obj(self, key: bytes) -> str:
         return self.prefix + bytes(key).hex()
 
-    def _map_pool(self, fn, items: Sequence) -> list:  # type: ignore[no-untyped-def, type-arg]
+    def _map_pool(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         if len(items) <= 1:
             return [fn(x) for x in items]
         if self._pool is None:
@@ -125,7 +128,7 @@ class S3Tier(Tier):
     def _list(self) -> Iterator[tuple[bytes, int]]:
         token: str | None = None
         while True:
-            kw = {"Bucket": self.bucket, "Prefix": self.prefix, "MaxKeys": 1000}
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix, "MaxKeys": 1000}
             if token:
                 kw["ContinuationToken"] = token
             try:
