@@ -129,8 +129,12 @@ class KVStoreClient:
         resp = self._call(lambda: self._stub.Lookup(pb.LookupRequest(keys=list(keys)), timeout=self.deadline_s))
         return LookupResult(resp.prefix_len, [t or None for t in resp.tiers])
 
-    def delete(self, key: bytes) -> bool:
-        return self.delete_many([key]) == 1
+    def delete(self, key: bytes | Sequence[bytes]) -> bool | int:
+        """Delete one block (-> whether it was present). A sequence of keys is also accepted
+        (-> how many were present), as in earlier versions; prefer ``delete_many`` for that."""
+        if isinstance(key, bytes | bytearray | memoryview):
+            return self.delete_many([bytes(key)]) == 1
+        return self.delete_many(list(key))
 
     def delete_many(self, keys: Sequence[bytes]) -> int:
         """Delete blocks from every tier; returns how many were present."""
