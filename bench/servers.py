@@ -27,6 +27,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 LOOPBACK = "127.0.0.1"
 
@@ -53,6 +56,37 @@ def free_port(*, also_free: tuple[int, ...] = ()) -> int:
         if port + max(also_free, default=0) < 65536 and all(_is_free(port + d) for d in also_free):
             return port
     raise ServerError("no free loopback port found")
+
+
+def distinct_free_ports(n: int) -> list[int]:
+    """``n`` different free ports (separate free_port() calls may hand back the same one)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+@contextlib.contextmanager
+def _started(factory: Callable[[Path], T], tag: str, attempts: int = 3) -> Iterator[T]:
+    """Start a server in a fresh temp dir, retrying with new ports when it fails to come up.
+
+    Free ports are only free until someone else binds them: on a busy machine another process
+    can take one between our check and the server's bind ("address already in use")."""
+    for attempt in range(1, attempts + 1):
+        with _tempdir(tag) as d:
+            try:
+                server = factory(d)
+            except ServerError:
+                if attempt == attempts:
+                    raise
+                continue
+            try:
+                yield server
+            finally:
+                server.stop()  # type: ignore[attr-defined]
+            return
 
 
 def _is_free(port: int) -> bool:
@@ -157,12 +191,8 @@ def _tempdir(tag: str) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def redis_server() -> Iterator[str]:
-    with _tempdir("redis") as d:
-        server = RedisServer(d)
-        try:
-            yield server.url
-        finally:
-            server.stop()
+    with _started(RedisServer, "redis") as server:
+        yield server.url
 
 
 @contextlib.contextmanager
@@ -221,8 +251,8 @@ class SeaweedS3:
         data = workdir / "data"
         data.mkdir()
         # Every listener gets an explicit free port (gRPC ones too: their default is port+10000).
-        p = {n: free_port() for n in ("master", "master.grpc", "volume", "volume.grpc", "filer",
-                                      "filer.grpc", "s3", "s3.grpc")}
+        names = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")
+        p = dict(zip(names, distinct_free_ports(len(names)), strict=True))
         argv = [find_binary("weed"), "server", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}", f"-dir={data}",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
                 "-master.volumeSizeLimitMB=1024", "-master.telemetry=false",
@@ -281,12 +311,8 @@ def prepare_bucket(endpoint: S3Endpoint, bucket: str, timeout_s: float = 60.0) -
 
 @contextlib.contextmanager
 def seaweedfs_s3() -> Iterator[S3Endpoint]:
-    with _tempdir("weed") as d:
-        server = SeaweedS3(d)
-        try:
-            yield server.endpoint
-        finally:
-            server.stop()
+    with _started(SeaweedS3, "weed") as server:
+        yield server.endpoint
 
 
 if __name__ == "__main__":  # smoke check: python -m bench.servers
