@@ -32,9 +32,12 @@ class _Layer:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm, op for op (so bit-identical), minus one temporary: w * y == y * w."""
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if y.dtype != x.dtype:
+        return w * y.to(x.dtype)
+    return y.mul_(w)
 
 
 class LlamaModel:
@@ -82,12 +85,29 @@ class LlamaModel:
         q, k = self.rotary.apply(q, k, positions)
         return q, k, v
 
+    def _qkv_packed(self, layer: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``qkv`` for the forward hot path: RoPE tables gathered once per batch (half width) and
+        q and k rotated in one pass over the adjacent q|k columns of the fused projection."""
+        a, L = self.arch, self.layers[layer]
+        x = rms_norm(h, L.ln_in, a.rms_norm_eps)
+        qkv = F.linear(x, L.w_qkv, L.b_qkv)
+        n = qkv.shape[0]
+        qk = qkv[:, : self.q_size + self.kv_size].view(n, a.num_heads + a.num_kv_heads, a.head_dim)
+        qk = self.rotary.rotate_half_tables(qk, cos, sin)
+        v = qkv[:, self.q_size + self.kv_size :].view(n, a.num_kv_heads, a.head_dim)
+        return qk[:, : a.num_heads], qk[:, a.num_heads :], v
+
     def finish_layer(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         a, L = self.arch, self.layers[layer]
-        h = h + F.linear(attn_out.reshape(h.shape[0], -1), L.w_o)
+        h = F.linear(attn_out.reshape(h.shape[0], -1), L.w_o).add_(h)  # == h + o, one temporary fewer
         x = rms_norm(h, L.ln_post, a.rms_norm_eps)
-        gate, up = F.linear(x, L.w_gate_up).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate) * up, L.w_down)
+        gate_up = F.linear(x, L.w_gate_up)
+        inter = gate_up.shape[-1] // 2
+        gate = gate_up[:, :inter]
+        F.silu(gate, inplace=True)
+        gate.mul_(gate_up[:, inter:])  # silu(gate) * up in place; mm reads the strided rows as is
+        return F.linear(gate, L.w_down).add_(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(rms_norm(h, self.norm, self.arch.rms_norm_eps), self.lm_head).float()
@@ -96,10 +116,11 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, pool: KVPool, attn: AttentionBackend) -> torch.Tensor:
         """Run the batch, writing new K/V into the pool; return logits [len(logit_indices), vocab]."""
         attn.prepare(batch, pool, self.arch.num_heads)
-        h = self.embed[batch.input_ids]
+        cos, sin = self.rotary.half_cos_sin(batch.positions)
+        h = self.embed.index_select(0, batch.input_ids)
         for i in range(self.arch.num_layers):
-            q, k, v = self.qkv(i, h, batch.positions)
+            q, k, v = self._qkv_packed(i, h, cos, sin)
             pool.write(i, batch.out_slots, k, v)
             o = attn.forward(i, q, k, v, batch, pool)
             h = self.finish_layer(i, h, o)
-        return self.logits(h[batch.logit_indices])
+        return self.logits(h.index_select(0, batch.logit_indices))

@@ -58,8 +58,28 @@ class Rotary:
         return x * cos + rot * sin
 
     def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.half_cos_sin(positions)
+        return self.rotate_half_tables(q, cos, sin), self.rotate_half_tables(k, cos, sin)
+
+    def half_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of the first half of head_dim, [tokens, 1, head_dim // 2] (both halves are equal)."""
         cos, sin = self.cos_sin(positions)
-        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        half = self.head_dim // 2
+        return cos[..., :half], sin[..., :half]
+
+    @staticmethod
+    def rotate_half_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``rotate`` with half-width tables, into a fresh contiguous tensor and without the cat/neg
+        temporaries. Bit-identical to ``rotate``: x1*c + (-x2)*s == x1*c - x2*s exactly."""
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        o1, o2 = out[..., :half], out[..., half:]
+        torch.mul(x1, cos, out=o1)
+        o1.sub_(x2 * sin)
+        torch.mul(x2, cos, out=o2)
+        o2.add_(x1 * sin)
+        return out
 
     def delta_rotate(self, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Rotate already-rotated K [tokens, heads, dim] by per-token position deltas (may be < 0)."""

@@ -27,8 +27,13 @@ def context_slots(pages: list[int], kv_len: int, page_size: int, device: torch.d
 class _Meta:
     prefill: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]]  # (start, len, ctx slots, mask)
     decode_rows: torch.Tensor | None  # flat rows of decode tokens
-    decode_slots: torch.Tensor | None  # [B, maxlen]
-    decode_mask: torch.Tensor | None  # [B, 1, 1, maxlen] bool
+    decode_slots: torch.Tensor | None  # [B * maxlen], flattened
+    decode_mask: torch.Tensor | None  # [B, 1, 1, maxlen] additive (0 / -inf); None when lengths are equal
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool mask -> the additive float mask SDPA would build from it on every call (once per batch)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 class TorchBackend(AttentionBackend):
@@ -49,16 +54,19 @@ class TorchBackend(AttentionBackend):
             else:
                 slots = context_slots(s.pages, s.kv_len, ps, dev)
                 qpos = torch.arange(s.kv_len - s.q_len, s.kv_len, device=dev)
-                mask = torch.arange(s.kv_len, device=dev)[None, :] <= qpos[:, None]
-                prefill.append((s.q_start, s.q_len, slots, mask))
+                allowed = torch.arange(s.kv_len, device=dev)[None, :] <= qpos[:, None]
+                prefill.append((s.q_start, s.q_len, slots, _additive(allowed, pool.dtype)))
         rows = slots_m = mask_m = None
         if dec_seqs:
             maxlen = max(s.kv_len for s in dec_seqs)
             slots_m = torch.zeros(len(dec_seqs), maxlen, dtype=torch.long, device=dev)
-            mask_m = torch.zeros(len(dec_seqs), 1, 1, maxlen, dtype=torch.bool, device=dev)
+            allowed = torch.zeros(len(dec_seqs), 1, 1, maxlen, dtype=torch.bool, device=dev)
             for i, s in enumerate(dec_seqs):
                 slots_m[i, : s.kv_len] = context_slots(s.pages, s.kv_len, ps, dev)
-                mask_m[i, ..., : s.kv_len] = True
+                allowed[i, ..., : s.kv_len] = True
+            # equal lengths (always so at batch 1) need no mask at all
+            mask_m = None if all(s.kv_len == maxlen for s in dec_seqs) else _additive(allowed, pool.dtype)
+            slots_m = slots_m.reshape(-1)
             rows = torch.tensor(dec_rows, dtype=torch.long, device=dev)
         batch.attn_meta = _Meta(prefill, rows, slots_m, mask_m)
 
@@ -74,14 +82,15 @@ class TorchBackend(AttentionBackend):
                 vs = v[start : start + n].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
             else:
-                ks = kc[slots].transpose(0, 1).unsqueeze(0)
-                vs = vc[slots].transpose(0, 1).unsqueeze(0)
+                ks = kc.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+                vs = vc.index_select(0, slots).transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
             out[start : start + n] = o[0].transpose(0, 1)
         if meta.decode_rows is not None:
-            qd = q[meta.decode_rows].unsqueeze(2)  # [B, Hq, 1, D]
-            kd = kc[meta.decode_slots].transpose(1, 2)  # [B, Hkv, S, D]
-            vd = vc[meta.decode_slots].transpose(1, 2)
+            b = meta.decode_rows.shape[0]
+            qd = q.index_select(0, meta.decode_rows).unsqueeze(2)  # [B, Hq, 1, D]
+            kd = kc.index_select(0, meta.decode_slots).view(b, -1, *kc.shape[1:]).transpose(1, 2)  # [B, Hkv, S, D]
+            vd = vc.index_select(0, meta.decode_slots).view(b, -1, *vc.shape[1:]).transpose(1, 2)
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True)
-            out[meta.decode_rows] = o.squeeze(2)
+            out.index_copy_(0, meta.decode_rows, o.squeeze(2))
         return out
