@@ -52,11 +52,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None
 
 
 @contextmanager
-def engine_server(extra: list[str], name: str):
+def engine_server(extra: list[str], name: str, env: dict[str, str] | None = None):
     port = free_port()
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port), *extra]
     print(f"[demo] starting {name}: {' '.join(cmd[1:])}", flush=True)
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}"
@@ -88,11 +88,42 @@ def metric(base: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def run_workload(base: str) -> dict[str, list[float]]:
+@contextmanager
+def kvstore_daemon(workdir: str):
+    """`kvstore serve` with its embedded default tiers (cpu over disk, the disk under ``workdir``)."""
+    cmd = [sys.executable, "-m", "kvstore", "serve", "--listen", "127.0.0.1:0"]
+    env = dict(os.environ, TIERKV_CACHE_DIR=workdir, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        deadline = time.time() + 60
+        address = ""
+        while time.time() < deadline and not address:
+            line = proc.stdout.readline()
+            if line.startswith("kvstore listening on "):
+                address = line.split()[3]
+            elif not line and proc.poll() is not None:
+                raise SystemExit(f"kvstore daemon exited with {proc.returncode}")
+        if not address:
+            raise SystemExit("kvstore daemon did not start")
+        print(f"[demo] kvstore daemon on {address} (cpu 1GiB -> disk under {workdir})", flush=True)
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run_workload(base: str, histories: dict[str, list[dict]] | None = None) -> dict[str, list[float]]:
     import openai
 
     client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300)
-    histories = {u: [{"role": "system", "content": SYSTEM}] for u in USERS}
+    if histories is None:
+        histories = {}
+    for u in USERS:
+        histories.setdefault(u, [{"role": "system", "content": SYSTEM}])
     cold, warm = [], []
     for t, question in enumerate(TURNS):
         for u in USERS:
@@ -105,10 +136,54 @@ def run_workload(base: str) -> dict[str, list[float]]:
     return {"cold": cold, "warm": warm}
 
 
+def replay_last_turns(base: str, histories: dict[str, list[dict]]) -> list[tuple[float, int]]:
+    """Ask a replica each user's last question again, with the whole conversation before it."""
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300)
+    out = []
+    for u in USERS:
+        ttft, answer, cached = chat_ttft(client, histories[u][:-1])
+        out.append((ttft, cached))
+        print(f"  replica B {u:5s} ttft={ttft * 1000:7.1f} ms cached_tokens={cached:5d}  {answer[:60]!r}", flush=True)
+    return out
+
+
+def main_with_kvstore(kv_memory: str) -> int:
+    import tempfile
+
+    env = {"TIERKV_CONNECTOR_WRITE_THROUGH": "1"}  # offload at request finish, not only on eviction
+    flags = ["--kv-memory", kv_memory, "--threads", "2"]
+    histories: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="tierkv-demo-") as work, kvstore_daemon(work) as address:
+        with engine_server([*flags, "--kvstore", address], "replica A", env) as base:
+            res = run_workload(base, histories)
+        print("[demo] replica A stopped; starting replica B, which never saw these conversations", flush=True)
+        with engine_server([*flags, "--kvstore", address], "replica B", env) as base:
+            replayed = replay_last_turns(base, histories)
+            loaded = sum(float(m) for m in re.findall(
+                r'^tierkv_connector_loaded_tokens_total\{tier="[^"]+"\} ([0-9.e+-]+)$',
+                httpx.get(base + "/metrics").text, re.M))
+    cold = statistics.median(res["cold"]) if res["cold"] else float("nan")
+    b_ttft = statistics.median(t for t, _ in replayed)
+    prompt_tokens = sum(c for _, c in replayed)
+    print("\n=== tierkv demo with the kvstore daemon: 3 users x 4 turns on replica A, last turns on replica B ===")
+    print(f"replica A cold TTFT (no cached prefix), median of {len(res['cold'])}: {cold * 1000:8.1f} ms")
+    print(f"replica A warm TTFT (its own radix hits), median of {len(res['warm'])}: "
+          f"{statistics.median(res['warm']) * 1000 if res['warm'] else float('nan'):8.1f} ms")
+    print(f"replica B TTFT on conversations it never saw, median of {len(replayed)}: {b_ttft * 1000:8.1f} ms")
+    print(f"replica B prompt tokens served from cache: {prompt_tokens}, loaded from the daemon: {int(loaded)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--kv-memory", default="256MiB")
+    ap.add_argument("--with-kvstore", action="store_true",
+                    help="start a kvstore daemon too and show a second replica reusing the first's KV")
     a = ap.parse_args(argv)
+    if a.with_kvstore:
+        return main_with_kvstore(a.kv_memory)
     with engine_server(["--kv-memory", a.kv_memory, "--threads", "2"], "engine") as base:
         res = run_workload(base)
         prompt = metric(base, "tierkv_engine_prompt_tokens_total")
