@@ -38,9 +38,9 @@ def greedy_lockstep(model: LlamaModel, caches: list[torch.Tensor], first_logits:
     """Greedy-decode n tokens for B prompts at once, each over its own KV [L, 2, N, H, D]."""
     a, dev = model.arch, model.device
     B, N = len(caches), caches[0].shape[2]
-    kv = torch.zeros(B, a.num_layers, 2, N + n, a.num_kv_heads, a.head_dim, dtype=model.dtype, device=dev)
+    kv = torch.zeros(a.num_layers, 2, B, a.num_kv_heads, N + n, a.head_dim, dtype=model.dtype, device=dev)
     for i, c in enumerate(caches):
-        kv[i, :, :, :N] = c
+        kv[:, :, i, :, :N] = c.transpose(2, 3)
     toks = [[int(lg.argmax())] for lg in first_logits]
     for step in range(n - 1):
         p = N + step
@@ -49,9 +49,8 @@ def greedy_lockstep(model: LlamaModel, caches: list[torch.Tensor], first_logits:
         pos = torch.full((B,), p, device=dev)
         for layer in range(a.num_layers):
             q, k, v = model.qkv(layer, h, pos)
-            kv[:, layer, 0, p], kv[:, layer, 1, p] = k, v
-            K = kv[:, layer, 0, : p + 1].transpose(1, 2)
-            V = kv[:, layer, 1, : p + 1].transpose(1, 2)
+            kv[layer, 0, :, :, p], kv[layer, 1, :, :, p] = k, v
+            K, V = kv[layer, 0, :, :, : p + 1], kv[layer, 1, :, :, : p + 1]
             o = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], K, V, enable_gqa=True)[:, :, 0]
             h = model.finish_layer(layer, h, o)
         for t, lg in zip(toks, model.logits(h), strict=True):
@@ -73,7 +72,14 @@ def match_len(a: list[int], b: list[int]) -> int:
     return n
 
 
-def run_quality(blender: Blender, tok, cases, log) -> tuple[dict, bool, float]:
+def summarize(stats: dict) -> dict:
+    mean = statistics.fmean
+    return {name: {"first_token_agreement": mean(s["first"]), "exact32": mean(s["exact"]),
+                   "mean_match_len": mean(s["match"]), "kl": mean(s["kl"]), "kl_p50": statistics.median(s["kl"]),
+                   "recomputed_share": mean(s["share"])} for name, s in stats.items() if s["kl"]}
+
+
+def run_quality(blender: Blender, tok, cases, log, progress=None) -> tuple[dict, bool, float]:
     stats: dict[str, dict[str, list[float]]] = {m: {"first": [], "exact": [], "match": [], "kl": [], "share": []}
                                                  for m in METHODS}
     r100_ok, r100_diff = True, 0.0
@@ -103,11 +109,9 @@ def run_quality(blender: Blender, tok, cases, log) -> tuple[dict, bool, float]:
         log.info("case %d/%d %s %d tokens: kl reuse_0 %.3f blend_0.15 %.3f random %.3f | r100 diff %.1e",
                  i + 1, len(cases), c.kind, len(ids), stats["reuse_0"]["kl"][-1], stats["blend_0.15"]["kl"][-1],
                  stats["random_0.15"]["kl"][-1], d)
-    mean = statistics.fmean
-    out = {name: {"first_token_agreement": mean(s["first"]), "exact32": mean(s["exact"]),
-                  "mean_match_len": mean(s["match"]), "kl": mean(s["kl"]), "kl_p50": statistics.median(s["kl"]),
-                  "recomputed_share": mean(s["share"])} for name, s in stats.items()}
-    return out, r100_ok, r100_diff
+        if progress is not None:
+            progress(summarize(stats), r100_ok, r100_diff, i + 1)
+    return summarize(stats), r100_ok, r100_diff
 
 
 def run_ttft(blender: Blender, tok, lengths: dict[str, int], reps: int, log) -> tuple[dict, dict, dict]:
@@ -155,40 +159,45 @@ def main(argv: list[str] | None = None) -> dict:
     model = LlamaModel(lm.arch, lm.weights, torch.device(args.device), torch.float32)
     blender = Blender(model, lm.fingerprint)
     if args.quick:
-        n, shape = args.requests or 50, dict(n_fact_docs=16, n_story=10, chunks=(4, 6), lo=128, hi=176)
+        n, shape = args.requests or 50, dict(n_fact_docs=16, n_story=10, chunks=(4, 5), lo=128, hi=160)
         reps = 1
     else:
         n, shape = args.requests or 200, dict(n_fact_docs=48, n_story=24, chunks=(4, 8), lo=128, hi=256)
         reps = 3
     cases = make_cases(lm.tokenizer, n, seed=args.seed, **shape)
-    methods, r100_ok, r100_diff = run_quality(blender, lm.tokenizer, cases, log)
     full, per, sizes = run_ttft(blender, lm.tokenizer, {"1k": 1024, "2k": 2048, "4k": 4096}, reps, log)
-    for name in METHODS:
-        methods[name]["ttft_s"] = per[name]
-    b15, r0, rnd = methods["blend_0.15"], methods["reuse_0"], methods["random_0.15"]
-    result = {
-        "model": lm.name, "device": args.device, "threads": args.threads, "quick": args.quick,
-        "n_requests": len(cases),
-        "prompt_tokens_mean": statistics.fmean(len(build_blend_request(lm.tokenizer, c.system, c.documents,
-                                                                       c.question)[0]) for c in cases),
-        "ttft_prompt_tokens": sizes,
-        "full_prefill_ttft_s": full,
-        "methods": methods,
-        "r100_identical": bool(r100_ok),
-        "r100_max_logit_diff": r100_diff,
-        "targets": {
+    mean_len = statistics.fmean(len(build_blend_request(lm.tokenizer, c.system, c.documents, c.question)[0])
+                                for c in cases)
+
+    def report(methods: dict, r100_ok: bool, r100_diff: float, done: int) -> dict:
+        for name in METHODS:
+            methods[name]["ttft_s"] = per[name]
+        b15, r0, rnd = methods["blend_0.15"], methods["reuse_0"], methods["random_0.15"]
+        result = {
+            "model": lm.name, "device": args.device, "threads": args.threads, "quick": args.quick,
+            "n_requests": done, "n_requests_planned": len(cases), "complete": done == len(cases),
+            "prompt_tokens_mean": mean_len, "ttft_prompt_tokens": sizes,
+            "full_prefill_ttft_s": full,
+            "methods": methods,
             "r100_identical": bool(r100_ok),
-            "blend_0.15_first_token_agreement_ge_0.95": b15["first_token_agreement"] >= 0.95,
-            "blend_0.15_kl_5x_below_reuse_0": b15["kl"] * 5 <= r0["kl"],
-            "blend_0.15_kl_below_random_0.15": b15["kl"] < rnd["kl"],
-            "blend_0.15_ttft_2k_le_0.4x_full": b15["ttft_s"]["2k"] <= 0.4 * full["2k"],
-            "kl_ratio_reuse0_over_blend015": r0["kl"] / b15["kl"] if b15["kl"] > 0 else None,
-            "ttft_ratio_2k_blend015_over_full": b15["ttft_s"]["2k"] / full["2k"],
-        },
-        "elapsed_s": time.perf_counter() - t_start,
-    }
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+            "r100_max_logit_diff": r100_diff,
+            "targets": {
+                "r100_identical": bool(r100_ok),
+                "blend_0.15_first_token_agreement_ge_0.95": b15["first_token_agreement"] >= 0.95,
+                "blend_0.15_kl_5x_below_reuse_0": b15["kl"] * 5 <= r0["kl"],
+                "blend_0.15_kl_below_random_0.15": b15["kl"] < rnd["kl"],
+                "blend_0.15_ttft_2k_le_0.4x_full": b15["ttft_s"]["2k"] <= 0.4 * full["2k"],
+                "kl_ratio_reuse0_over_blend015": r0["kl"] / b15["kl"] if b15["kl"] > 0 else None,
+                "ttft_ratio_2k_blend015_over_full": b15["ttft_s"]["2k"] / full["2k"],
+            },
+            "elapsed_s": time.perf_counter() - t_start,
+        }
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        return result
+
+    methods, r100_ok, r100_diff = run_quality(blender, lm.tokenizer, cases, log, progress=report)
+    result = report(methods, r100_ok, r100_diff, len(cases))
     log.info("wrote %s in %.0fs", args.out, result["elapsed_s"])
     return result
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from connector.blend.chunk_cache import DOC, PREFIX, ChunkCache, ChunkStore, InProcessChunkStore
 from connector.blend.metrics import BlendMetrics
-from connector.blend.selfcheck import rerotate, self_check
+from connector.blend.selfcheck import self_check
 from connector.blend.spec import BlendSpec
 from engine.model import LlamaModel
 
@@ -123,7 +123,28 @@ class Blender:
                          torch.tensor(fixed, dtype=torch.bool, device=dev))
 
     # -- blend ---------------------------------------------------------------------------------
-    def _reused(self, plan: BlendPlan, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotation(self, plan: BlendPlan, n: int) -> tuple[torch.Tensor, ...] | None:
+        """Per-position tables moving each reused K row from its chunk position to its prompt
+        position (``rerotate``'s math, gathered once per blend); rows that do not move get the
+        identity (cos 1, sin 0), so a chunk already at its place is reused bit for bit."""
+        m = self.model
+        new = torch.arange(n, device=m.device)
+        old = new.clone()
+        for p in plan.pieces:
+            c = min(p.kv.shape[2], n - p.start)
+            if c > 0:
+                old[p.start : p.start + c] = torch.arange(p.old_start, p.old_start + c, device=m.device)
+        if torch.equal(old, new):
+            return None
+        cos_o, sin_o = m.rotary.cos_sin(old)
+        cos_n, sin_n = m.rotary.cos_sin(new)
+        still = (old == new)[:, None, None]
+        one, zero = torch.ones_like(cos_o), torch.zeros_like(sin_o)
+        return (torch.where(still, one, cos_o), torch.where(still, zero, -sin_o),
+                torch.where(still, one, cos_n), torch.where(still, zero, sin_n))
+
+    def _reused(self, plan: BlendPlan, layer: int, n: int, rot: tuple[torch.Tensor, ...] | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         a, m = self.model.arch, self.model
         K = torch.zeros(n, a.num_kv_heads, a.head_dim, dtype=m.dtype, device=m.device)
         V = torch.zeros_like(K)
@@ -131,9 +152,12 @@ class Blender:
             c = min(p.kv.shape[2], n - p.start)
             if c <= 0:
                 continue
-            kv = p.kv[layer, :, :c].to(m.device, m.dtype)
-            K[p.start : p.start + c] = rerotate(m.rotary, kv[0], p.old_start, p.start)
+            kv = p.kv[layer, :, :c]
+            K[p.start : p.start + c] = kv[0]
             V[p.start : p.start + c] = kv[1]
+        if rot is not None:
+            R = m.rotary.rotate
+            K = R(R(K, rot[0], rot[1]), rot[2], rot[3])
         return K, V
 
     @torch.inference_mode()
@@ -161,6 +185,7 @@ class Blender:
             if sink is not None:
                 sink(layer, K, V)
 
+        rot = self._rotation(plan, N)
         h = m.embed[ids]
         idx = pos
         mask = None
@@ -170,11 +195,11 @@ class Blender:
                 h = m.finish_layer(layer, h, attend(q, k, v))
                 emit(layer, k, v)
                 if layer == CHECK_LAYER:
-                    idx = self._select(plan, layer, N, k, v, cand, n_pick, always, select, generator)
+                    idx = self._select(plan, layer, N, rot, k, v, cand, n_pick, always, select, generator)
                     h = h[idx]
                     mask = pos[None, :] <= idx[:, None]  # exact causal: key position <= query position
                 continue
-            K, V = self._reused(plan, layer, N)
+            K, V = self._reused(plan, layer, N, rot)
             q, k, v = m.qkv(layer, h, idx)
             K.index_copy_(0, idx, k)
             V.index_copy_(0, idx, v)
@@ -191,7 +216,8 @@ class Blender:
         mt.blend_seconds += time.perf_counter() - t0
         return BlendResult(out, logits, idx, n_pick, len(cand))
 
-    def _select(self, plan: BlendPlan, layer: int, N: int, k: torch.Tensor, v: torch.Tensor, cand: torch.Tensor,
+    def _select(self, plan: BlendPlan, layer: int, N: int, rot: tuple[torch.Tensor, ...] | None, k: torch.Tensor,
+                v: torch.Tensor, cand: torch.Tensor,
                 n_pick: int, always: torch.Tensor, select: str, generator: torch.Generator | None) -> torch.Tensor:
         if n_pick >= len(cand):
             top = cand
@@ -200,7 +226,7 @@ class Blender:
         elif select == "random":
             top = cand[torch.randperm(len(cand), generator=generator)[:n_pick].to(cand.device)]
         else:
-            K, V = self._reused(plan, layer, N)
+            K, V = self._reused(plan, layer, N, rot)
             fresh, old = (k, K) if select == "k" else (v, V)
             dev = (fresh[cand].float() - old[cand].float()).pow(2).sum(dim=(1, 2))
             top = cand[dev.topk(n_pick).indices]
