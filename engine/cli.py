@@ -47,6 +47,7 @@ def build_engine(cfg: EngineConfig, kvstore: str | None = None):
     loaded = load_model(cfg.model)
     log.info("model loaded in %.1fs; building KV pool ...", time.perf_counter() - t0)
     engine = LLMEngine(cfg, loaded=loaded)
+    kvstore = kvstore or cfg.kvstore
     if kvstore:
         from connector.attach import attach_kvstore
 

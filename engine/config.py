@@ -34,6 +34,7 @@ class EngineConfig:
     num_threads: int = 0  # torch intra-op threads on CPU; 0 = leave torch's default
     seed: int = 0
     served_model_name: str = ""
+    kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
