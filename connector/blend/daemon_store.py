@@ -1,0 +1,67 @@
+"""ChunkStore over the kvstore daemon, with an optional in-process LRU in front.
+
+Chunks are stored as self-describing kvstore blocks (dtype, shape [L, 2, n, H, D], layout
+"L2THD", checksum) under their 16-byte chunk keys, so any engine replica on the node — or
+another node sharing the daemon's remote tiers — reuses a document's KV. The daemon failing
+never fails a request: a get that errors is a miss (the chunk is recomputed), a put that
+errors is dropped; both are counted and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from connector.blend.chunk_cache import InProcessChunkStore
+from kvstore.block import encode_block
+from kvstore.errors import KVStoreError
+
+log = logging.getLogger(__name__)
+LAYOUT = "L2THD"
+
+
+class DaemonChunkStore:
+    def __init__(self, client, local: InProcessChunkStore | None = None) -> None:
+        self.client = client  # kvstore.client.KVStoreClient (or anything with put/get_blocks/lookup)
+        self.local = local
+        self.errors = 0
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        if self.local is not None and (kv := self.local.get(key)) is not None:
+            return kv
+        try:
+            block = self.client.get_blocks([key])[0]
+        except KVStoreError as e:
+            self.errors += 1
+            log.warning("chunk get from the kvstore failed (%s); recomputing the chunk", e)
+            return None
+        if block is None:
+            return None
+        if block.layout != LAYOUT or len(block.shape) != 5:
+            log.warning("kvstore block %s is not a chunk (layout %r); ignoring it", key.hex(), block.layout)
+            return None
+        kv = torch.from_numpy(np.array(block.array()))  # own the memory: the view dies with the call
+        if self.local is not None:
+            self.local.put(key, kv)
+        return kv
+
+    def put(self, key: bytes, kv: torch.Tensor) -> None:
+        if self.local is not None:
+            self.local.put(key, kv)
+        arr = kv.detach().to("cpu").contiguous().numpy()
+        try:
+            self.client.put(key, encode_block(key, arr, layout=LAYOUT))
+        except KVStoreError as e:
+            self.errors += 1
+            log.warning("chunk put to the kvstore failed (%s); kept only in process", e)
+
+    def contains(self, key: bytes) -> bool:
+        if self.local is not None and self.local.contains(key):
+            return True
+        try:
+            return self.client.lookup([key]).tiers[0] is not None
+        except KVStoreError:
+            self.errors += 1
+            return False
