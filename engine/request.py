@@ -43,6 +43,7 @@ class Request:
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (after stop-string truncation)
     extra: dict = field(default_factory=dict)  # connector / blend state
+    cache_limit: int | None = None  # KV past this many tokens is approximate (CacheBlend): never cached
 
     @property
     def all_ids(self) -> list[int]:

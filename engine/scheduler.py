@@ -95,7 +95,8 @@ class Scheduler:
         """Drop the request's hold on its pages, first giving full computed pages to the radix."""
         ps = self.pool.page_size
         if cache:
-            n_full = min(req.num_computed // ps, len(req.pages))
+            exact = req.num_computed if req.cache_limit is None else min(req.num_computed, req.cache_limit)
+            n_full = min(exact // ps, len(req.pages))
             if n_full:
                 self.radix.insert(req.all_ids[: n_full * ps], req.pages[:n_full], salt=req.cache_salt)
         if req.radix_node is not None:

@@ -147,8 +147,19 @@ def test_hook_default_ratio_and_radix_stays_exact(tiny4):
     head = len(spec.segments[0].ids)
     match = eng.radix.match_prefix(ids)
     assert match.num_tokens <= head
+    # preempted mid-decode: still only the exact prefix enters the radix, and it finishes
+    req = eng.requests[hook.add_request(spec, SamplingParams(max_tokens=4), rid="p")]
+    eng.step()
+    eng.step()
+    assert req.num_computed >= len(ids)
+    eng.scheduler.preempt(req)
+    assert eng.radix.match_prefix(ids).num_tokens <= head
+    while not req.finished:
+        eng.step()
+    assert len(req.output_ids) == 4
     # the same documents again: every chunk is a hit
     req = eng.requests[hook.add_request(spec, SamplingParams(max_tokens=2))]
     while not req.finished:
         eng.step()
-    assert hook.metrics.chunk_hits == len(spec.segments) - 1
+    assert hook.metrics.chunk_misses == len(spec.segments) - 1  # documents were computed once
+    assert hook.metrics.chunk_hits >= 2 * (len(spec.segments) - 1)

@@ -7,10 +7,11 @@ token over the blended cache and samples — so sampling, stop rules, streaming,
 stay the engine's own, and the last token's forward is exactly what the blender would have
 computed for it (it is always recomputed, and attends to the final blended KV of every layer).
 
-Blended KV is approximate, so it must never enter the exact prefix caches: on finish the hook
-cuts ``num_computed`` back to the exact prefix (radix hit or BOS + system prompt) before the
-scheduler gives full pages to the radix tree and any later hook (the connector's offload)
-sees them. Attach the blend hook first (``attach`` does).
+Blended KV is approximate, so it must never enter the exact prefix caches: the hook sets
+``req.cache_limit`` to the exact prefix (radix hit or BOS + system prompt), which the scheduler
+honours whenever it gives pages to the radix tree (finish and preemption), and on finish it
+also cuts ``num_computed`` back to it before any later hook (the connector's write-through
+offload) sees the request. Attach the blend hook first (``attach`` does).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class BlendHook:
         head = spec.segments[0]
         exact = max(m, 0 if head.document else len(head.ids))
         req.extra["blend_exact_tokens"] = exact
+        req.cache_limit = exact  # the scheduler never gives blended pages to the radix (finish, preempt)
         if m >= n:
             return  # the exact caches already cover the prompt
         if m % ps or len(req.pages) * ps != m:
