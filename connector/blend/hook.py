@@ -25,7 +25,7 @@ import torch
 from connector.blend.blender import Blender
 from connector.blend.chunk_cache import ChunkStore
 from connector.blend.errors import InvalidBlendRequestError
-from connector.blend.metrics import BlendMetrics
+from connector.blend.metrics import BlendCollector, BlendMetrics
 from connector.blend.ratio import RatioPolicy
 from connector.blend.spec import SELECT_MODES, BlendSpec
 from engine.request import Request
@@ -68,7 +68,11 @@ class BlendHook:
     @classmethod
     def attach(cls, engine, config: BlendConfig | None = None, store: ChunkStore | None = None) -> BlendHook:
         hook = cls(engine, config, store)
-        engine.scheduler.hooks.insert(0, hook)
+        engine.scheduler.hooks.insert(0, hook)  # first: it takes over the prompt, and trims on finish
+        collectors = getattr(engine, "metric_collectors", None)
+        if collectors is not None:
+            collectors.append(BlendCollector(hook.metrics))
+        engine.blend = hook
         return hook
 
     # -- AdmissionHook ------------------------------------------------------------------------

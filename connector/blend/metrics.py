@@ -31,3 +31,30 @@ class BlendMetrics:
         d["recomputed_share"] = self.recomputed_share
         d["chunk_hit_rate"] = self.chunk_hit_rate
         return d
+
+
+class BlendCollector:
+    """Prometheus collector over a BlendMetrics (register it; values are read at scrape time)."""
+
+    _COUNTERS = {"blended_requests": "Requests whose prompt KV was blended",
+                 "fallback_requests": "Blend requests prefilled in full instead (no pages, bad spec)",
+                 "prompt_tokens": "Prompt tokens covered by blends",
+                 "recomputed_tokens": "Tokens recomputed at layers >= 2",
+                 "chunk_hits": "Document chunks found in the chunk store",
+                 "chunk_misses": "Document chunks computed (not in the chunk store)",
+                 "blend_seconds": "Seconds spent blending"}
+
+    def __init__(self, metrics: BlendMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        m = self.metrics
+        for name, doc in self._COUNTERS.items():
+            yield CounterMetricFamily(f"tierkv_blend_{name}", doc, value=getattr(m, name))
+        yield GaugeMetricFamily("tierkv_blend_recomputed_share", "Recomputed / blended prompt tokens",
+                                value=m.recomputed_share)
