@@ -88,6 +88,7 @@ def probe_daemon(client: KVStoreClient, loader: Loader, engine, n_blocks: int = 
     shape = pool.block_shape()
     block = torch.zeros(shape, dtype=pool.dtype)
     arr, dtype = block_array(block)
+    client.deadline_s = deadline_s
     client.put_many([(k, encode_block(k, arr, dtype=dtype, shape=arr.shape, layout=LAYOUT)) for k in keys])
     try:
         tiers = loader.lookup(keys, deadline_s)

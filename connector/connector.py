@@ -130,12 +130,14 @@ class KVConnector:
     def start_load(self, req: Request, plan: LoadPlan, pages: list[int]) -> int:
         """Load ``plan`` into ``pages``; return how many leading pages arrived intact. Whole-prefix
         load before the forward pass: on CPU a layer-wise overlap has nothing to overlap with."""
-        deadline = max(self.cfg.load_deadline_min_s, self.cfg.load_deadline_factor * plan.decision.predicted_load_s)
+        d = plan.decision
+        saved = max(d.predicted_recompute_s - d.predicted_compute_s, 0.0)  # the recompute this load replaces
+        deadline = max(self.cfg.load_deadline_min_s, self.cfg.load_deadline_factor * d.predicted_load_s, saved)
         res = self.loader.load(plan.keys, pages, deadline)
         self.metrics.load_seconds.observe(res.seconds)
         if res.failure:
             self.metrics.load_failures.labels(res.failure).inc()
-            if res.failure in ("deadline", "unavailable"):
+            if res.failure == "unavailable" or (res.failure == "deadline" and res.pages_ok == 0):
                 self._mark_down(res.failure)
         if res.pages_ok == len(plan.keys):
             self.cost.observe(plan.tiers, res.seconds)
