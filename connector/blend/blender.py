@@ -143,18 +143,20 @@ class Blender:
         return (torch.where(still, one, cos_o), torch.where(still, zero, -sin_o),
                 torch.where(still, one, cos_n), torch.where(still, zero, sin_n))
 
-    def _reused(self, plan: BlendPlan, layer: int, n: int, rot: tuple[torch.Tensor, ...] | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _assemble(self, plan: BlendPlan, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reused K and V of every layer, [L, n, H, D] each, K re-rotated to the prompt positions.
+
+        Built once per blend with a handful of large ops (many small per-layer ops cost far more
+        on a CPU with busy cores: every op waits for its slowest thread)."""
         a, m = self.model.arch, self.model
-        K = torch.zeros(n, a.num_kv_heads, a.head_dim, dtype=m.dtype, device=m.device)
+        K = torch.zeros(a.num_layers, n, a.num_kv_heads, a.head_dim, dtype=m.dtype, device=m.device)
         V = torch.zeros_like(K)
         for p in plan.pieces:
             c = min(p.kv.shape[2], n - p.start)
-            if c <= 0:
-                continue
-            kv = p.kv[layer, :, :c]
-            K[p.start : p.start + c] = kv[0]
-            V[p.start : p.start + c] = kv[1]
+            if c > 0:
+                K[:, p.start : p.start + c] = p.kv[:, 0, :c]
+                V[:, p.start : p.start + c] = p.kv[:, 1, :c]
+        rot = self._rotation(plan, n)
         if rot is not None:
             R = m.rotary.rotate
             K = R(R(K, rot[0], rot[1]), rot[2], rot[3])
@@ -185,7 +187,7 @@ class Blender:
             if sink is not None:
                 sink(layer, K, V)
 
-        rot = self._rotation(plan, N)
+        reK, reV = self._assemble(plan, N)
         h = m.embed[ids]
         idx = pos
         mask = None
@@ -195,11 +197,11 @@ class Blender:
                 h = m.finish_layer(layer, h, attend(q, k, v))
                 emit(layer, k, v)
                 if layer == CHECK_LAYER:
-                    idx = self._select(plan, layer, N, rot, k, v, cand, n_pick, always, select, generator)
+                    idx = self._select(reK[layer], reV[layer], k, v, cand, n_pick, always, select, generator)
                     h = h[idx]
                     mask = pos[None, :] <= idx[:, None]  # exact causal: key position <= query position
                 continue
-            K, V = self._reused(plan, layer, N, rot)
+            K, V = reK[layer], reV[layer]  # this layer's buffer becomes its blended KV
             q, k, v = m.qkv(layer, h, idx)
             K.index_copy_(0, idx, k)
             V.index_copy_(0, idx, v)
@@ -216,8 +218,7 @@ class Blender:
         mt.blend_seconds += time.perf_counter() - t0
         return BlendResult(out, logits, idx, n_pick, len(cand))
 
-    def _select(self, plan: BlendPlan, layer: int, N: int, rot: tuple[torch.Tensor, ...] | None, k: torch.Tensor,
-                v: torch.Tensor, cand: torch.Tensor,
+    def _select(self, K: torch.Tensor, V: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cand: torch.Tensor,
                 n_pick: int, always: torch.Tensor, select: str, generator: torch.Generator | None) -> torch.Tensor:
         if n_pick >= len(cand):
             top = cand
@@ -226,7 +227,6 @@ class Blender:
         elif select == "random":
             top = cand[torch.randperm(len(cand), generator=generator)[:n_pick].to(cand.device)]
         else:
-            K, V = self._reused(plan, layer, N, rot)
             fresh, old = (k, K) if select == "k" else (v, V)
             dev = (fresh[cand].float() - old[cand].float()).pow(2).sum(dim=(1, 2))
             top = cand[dev.topk(n_pick).indices]
