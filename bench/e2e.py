@@ -23,6 +23,7 @@ Sections:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -214,6 +215,8 @@ def sweep(b: Bench, daemons: dict[str, str], lengths: list[int], throttles: list
     cases = []
     for tier, address in daemons.items():
         conn = b.attach(eng, address, policy="always")
+        # the truth of a load is its full time: no deadline cuts it short in the sweep
+        conn.cfg = dataclasses.replace(conn.cfg, load_deadline_min_s=600.0)
         conn.save(conn.keyspace.keys(doc[:full], salt), m.pages)
         conn.wait_for_save(300)
         for thr in throttles if tier in throttled_tiers else [0.0]:
@@ -221,9 +224,11 @@ def sweep(b: Bench, daemons: dict[str, str], lengths: list[int], throttles: list
             warm_ids = doc[: min(lengths)] + q  # one load to let the EWMA see this bandwidth
             eng.radix.reset()
             conn.known.discard(conn.keyspace.keys(warm_ids, salt))
+            conn._down_until = 0.0
             run(eng, warm_ids, 1, salt)
             for n in lengths:
                 ids = doc[:n] + q
+                conn._down_until = 0.0  # a deadline-cut warm-up must not turn the next load into a recompute
                 eng.radix.reset()
                 conn.known.discard(conn.keyspace.keys(ids, salt))
                 tiers = conn.loader.lookup(conn.keyspace.keys(ids[: (len(ids) - 1) // 16 * 16], salt), 5.0)
@@ -349,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     from bench.servers import seaweedfs_s3
 
     result: dict = {"quick": a.quick, "threads": a.threads}
+    b = Bench(load_model(""), a.threads)
+    from connector.calibrate import calibrate_prefill
+
+    t0 = time.monotonic()
+    b.prefill = calibrate_prefill(b.engine(256))  # once, on an empty pool, before any server starts
+    result["calibration_s"] = time.monotonic() - t0
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-e2e-")))
         ep = stack.enter_context(seaweedfs_s3())
@@ -360,12 +371,6 @@ def main(argv: list[str] | None = None) -> int:
             "s3": stack.enter_context(kv_daemon(work / "s3", "--s3", f"s3://tierkv-e2e/{uuid.uuid4().hex[:8]}",
                                                 "--s3-endpoint", ep.url, env=s3_env)),
         }
-        b = Bench(load_model(""), a.threads)
-        from connector.calibrate import calibrate_prefill
-
-        t0 = time.monotonic()
-        b.prefill = calibrate_prefill(b.engine(256))  # once, on an empty pool
-        result["calibration_s"] = time.monotonic() - t0
         h = headline(b, daemons, 2048, 2 if a.quick else 3)
         result["headline"] = h
         result["replicas"] = replicas(b, daemons["cpu"], 2 if a.quick else 4, 1024 if a.quick else 2048)

@@ -143,8 +143,8 @@ class KVConnector:
             self.cost.observe(plan.tiers, res.seconds)
             pred = plan.decision.predicted_load_s
             self.metrics.prediction_error.observe(abs(pred - res.seconds) / res.seconds)
-        elif res.failure == "deadline":  # at least this slow: learn it, or we would retry forever
-            self.cost.observe(plan.tiers[: max(res.pages_ok, 1)], res.seconds)
+        elif res.failure == "deadline":  # the whole plan would take longer than this: learn it
+            self.cost.observe(plan.tiers, res.seconds)
         if res.pages_ok:
             self.known.add(plan.keys[: res.pages_ok])
             for t in plan.tiers[: res.pages_ok]:
