@@ -13,30 +13,18 @@ the same interface (see daemon_store.py when the kvstore client exists).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
 import torch
 
+from connector.blend.keys import chunk_key
 from connector.blend.metrics import BlendMetrics
 
-_PERSON = b"tierkv-chunk-v1"
 DOC = "doc"  # BOS at 0, then the document; BOS entry dropped (positions 1..n)
 PREFIX = "prefix"  # a leading segment computed at positions 0..n-1 (exact as a prefix)
-
-
-def chunk_key(fingerprint: str, ids: Sequence[int], kind: str = DOC, tenant_salt: str = "") -> bytes:
-    """16-byte key of a chunk's KV: model fingerprint + tenant salt + kind + token ids."""
-    h = hashlib.blake2b(digest_size=16, person=_PERSON)
-    for part in (fingerprint, tenant_salt or "", kind):
-        b = part.encode()
-        h.update(len(b).to_bytes(4, "little") + b)
-    h.update(np.asarray(list(ids), dtype="<u4").tobytes())
-    return h.digest()
 
 
 class ChunkStore(Protocol):
