@@ -163,3 +163,24 @@ def test_hook_default_ratio_and_radix_stays_exact(tiny4):
         eng.step()
     assert hook.metrics.chunk_misses == len(spec.segments) - 1  # documents were computed once
     assert hook.metrics.chunk_hits >= 2 * (len(spec.segments) - 1)
+
+
+def test_hook_failure_falls_back_to_full_prefill(tiny4, monkeypatch):
+    loaded, _ = tiny4
+    ids, spec = _spec(loaded.tokenizer)
+    plain_eng = LLMEngine(EngineConfig(num_pages=64, device="cpu"), loaded=loaded)
+    plain = plain_eng.generate([ids], SamplingParams(max_tokens=3))[0].output_ids
+    eng = LLMEngine(EngineConfig(num_pages=64, device="cpu"), loaded=loaded)
+    hook = BlendHook.attach(eng)
+    free = eng.pool.allocator.num_free()
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(hook.blender, "blend", boom)
+    req = eng.requests[hook.add_request(spec, SamplingParams(max_tokens=3))]
+    while not req.finished:
+        eng.step()
+    assert req.output_ids == plain and req.cache_limit is None
+    assert hook.metrics.fallback_requests == 1 and hook.metrics.blended_requests == 0
+    assert eng.radix.match_prefix(ids).num_tokens > 0 and eng.pool.allocator.num_free() <= free

@@ -98,8 +98,6 @@ class BlendHook:
         n = min(len(req.prompt_ids), req.num_tokens - 1)
         head = spec.segments[0]
         exact = max(m, 0 if head.document else len(head.ids))
-        req.extra["blend_exact_tokens"] = exact
-        req.cache_limit = exact  # the scheduler never gives blended pages to the radix (finish, preempt)
         if m >= n:
             return  # the exact caches already cover the prompt
         if m % ps or len(req.pages) * ps != m:
@@ -120,14 +118,22 @@ class BlendHook:
         def sink(layer: int, K: torch.Tensor, V: torch.Tensor) -> None:
             self.pool.write(layer, slots, K[m:n], V[m:n])
 
-        plan = self.blender.plan(spec, req.cache_salt or "")
         ratio = spec.ratio if spec.ratio is not None else self.cfg.policy.choose(
             spec.num_document_tokens,
             spec.num_document_tokens * self.engine.arch.kv_bytes_per_token(self.pool.dtype))
-        res = self.blender.blend(plan, ratio, spec.select or self.cfg.select, num_tokens=n, sink=sink,
-                                 want_logits=False)
+        try:
+            plan = self.blender.plan(spec, req.cache_salt or "")
+            res = self.blender.blend(plan, ratio, spec.select or self.cfg.select, num_tokens=n, sink=sink,
+                                     want_logits=False)
+        except Exception:  # never take the engine loop down: this request is prefilled in full instead
+            log.exception("request %s: blending failed; prefilling it in full", req.rid)
+            self.metrics.fallback_requests += 1
+            self.pool.allocator.decref(pages)
+            return
         req.pages = all_pages
         req.num_computed = n
+        req.extra["blend_exact_tokens"] = exact
+        req.cache_limit = exact  # the scheduler never gives blended pages to the radix (finish, preempt)
         req.extra["blend_stats"] = {"ratio": ratio, "recomputed": len(res.recompute_idx),
                                     "selected": res.num_selected, "document_tokens": res.num_document_tokens}
 
