@@ -40,6 +40,18 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return y.mul_(w)
 
 
+# Below a few rows MKL's sgemm switches to a GEMV-like kernel whose rounding differs; padding
+# the last layer's row subset to this many rows keeps it bit-identical to the full-batch result.
+_MIN_GEMM_ROWS = 8
+
+
+def _pad_rows(rows: torch.Tensor, total: int) -> torch.Tensor:
+    if rows.shape[0] >= _MIN_GEMM_ROWS:
+        return rows
+    extra = torch.arange(_MIN_GEMM_ROWS - rows.shape[0], dtype=rows.dtype, device=rows.device)
+    return torch.cat([rows, extra])  # any rows will do; their outputs are dropped
+
+
 class LlamaModel:
     def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -118,9 +130,18 @@ class LlamaModel:
         attn.prepare(batch, pool, self.arch.num_heads)
         cos, sin = self.rotary.half_cos_sin(batch.positions)
         h = self.embed.index_select(0, batch.input_ids)
-        for i in range(self.arch.num_layers):
+        rows = batch.logit_indices
+        last = self.arch.num_layers - 1
+        for i in range(last + 1):
             q, k, v = self._qkv_packed(i, h, cos, sin)
             pool.write(i, batch.out_slots, k, v)
             o = attn.forward(i, q, k, v, batch, pool)
+            if i == last and rows.shape[0] + _MIN_GEMM_ROWS < h.shape[0]:
+                # Every row's K/V is in the pool now; past this point only the rows that need
+                # logits matter, so the last O projection and MLP run on those rows alone.
+                n = rows.shape[0]
+                sel = _pad_rows(rows, h.shape[0])
+                h = self.finish_layer(i, h.index_select(0, sel), o.index_select(0, sel))
+                return self.logits(h[:n])
             h = self.finish_layer(i, h, o)
-        return self.logits(h.index_select(0, batch.logit_indices))
+        return self.logits(h.index_select(0, rows))

@@ -78,8 +78,11 @@ class TorchBackend(AttentionBackend):
         for start, n, slots, mask in meta.prefill:
             qs = q[start : start + n].transpose(0, 1).unsqueeze(0)
             if slots is None:
-                ks = k[start : start + n].transpose(0, 1).unsqueeze(0)
-                vs = v[start : start + n].transpose(0, 1).unsqueeze(0)
+                # heads-major contiguous copies: the CPU flash kernel runs a few % faster on them
+                # than on strided views of the fused projection (same result, bit for bit)
+                qs = qs.contiguous()
+                ks = k[start : start + n].transpose(0, 1).unsqueeze(0).contiguous()
+                vs = v[start : start + n].transpose(0, 1).unsqueeze(0).contiguous()
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
             else:
                 ks = kc.index_select(0, slots).transpose(0, 1).unsqueeze(0)
