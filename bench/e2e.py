@@ -267,7 +267,7 @@ def sweep(b: Bench, daemons: dict[str, str], lengths: list[int], throttles: list
 
 def _chat_requests(b: Bench, users: int, turns: int, system_len: int):
     system = b.text(system_len)
-    msgs = {(u, t): b.text(int(b.rng.integers(24, 48))) for u in range(users) for t in range(turns)}
+    msgs = {(u, t): b.text(int(b.rng.integers(64, 128))) for u in range(users) for t in range(turns)}
     return system, msgs
 
 
@@ -314,12 +314,12 @@ def workload(b: Bench, kind: str, config: str, address: str | None, spec: dict) 
 
 
 def workloads(b: Bench, daemons: dict[str, str], quick: bool) -> tuple[dict, bool]:
-    users, turns, system_len = (2, 2, 1024) if quick else (4, 4, 1024)
+    users, turns, system_len = (3, 2, 1024) if quick else (4, 4, 1024)
     system, msgs = _chat_requests(b, users, turns, system_len)
-    chat_len = system_len + turns * (48 + 16)
+    chat_len = system_len + turns * (128 + 16)
     chat = {"users": users, "turns": turns, "system": system, "msgs": msgs, "max_tokens": 16,
             "pages": chat_len * 11 // 10 // 16}  # one conversation fits, not every history
-    n_docs, doc_len, n_q = (2, 1024, 4) if quick else (4, 2048, 12)
+    n_docs, doc_len, n_q = (2, 1024, 6) if quick else (4, 2048, 12)
     docs = {"docs": [b.text(doc_len) for _ in range(n_docs)], "questions": [b.text(24) for _ in range(n_q)],
             "max_tokens": 8, "pages": (doc_len + 64) * 3 // 2 // 16}  # about 1.5 documents fit
     configs = [("no_cache", None), ("radix", None)] + [(f"radix+{t}", a) for t, a in daemons.items()]

@@ -2,7 +2,8 @@
 
 Load time of k pages = the slowest involved tier's latency + sum over tiers of bytes / bandwidth.
 Each tier's bandwidth is an EWMA (of seconds per byte) of what the connector measured, seeded by a start-up probe of
-the daemon (tiers the probe cannot reach get conservative seeds until a first real load).
+the daemon (tiers the probe cannot reach get conservative seeds until a first real load); a
+measurement off by 2x or more replaces the estimate instead of being averaged in.
 
 Recompute time comes from a prefill model calibrated on this machine at start-up:
 ``t = a + b*new + c*new*ctx`` where ``new`` is the number of tokens fed and ``ctx`` the mean
@@ -141,7 +142,10 @@ class CostModel:
             for t, n in per.items():
                 m = models[t]
                 share = n / len(tiers)
-                w = self.alpha * share if m.measured else share  # a first measurement replaces a seed
+                # a first measurement replaces a seed, and so does one off by 2x or more (the tier
+                # changed: throttled, contended, moved to another medium); otherwise an EWMA
+                jump = not m.measured or ratio > 2 or ratio < 0.5
+                w = share if jump else self.alpha * share
                 inv = 1.0 / m.bandwidth  # EWMA of seconds per byte: averages times, reacts to slow-downs
                 m.bandwidth = max(1.0, 1.0 / (inv + w * (inv * ratio - inv)))
                 m.measured += 1
