@@ -16,6 +16,7 @@ from connector.blend import (
     RatioPolicy,
     Segment,
     build_blend_request,
+    build_chat_blend_request,
     chunk_key,
     split_by_separator,
 )
@@ -106,3 +107,18 @@ def test_spec_validation_and_dict_form():
         BlendSpec((Segment((1,), True),), ratio=2.0)
     with pytest.raises(InvalidBlendRequestError):
         BlendSpec.coerce({"segments": [[1]], "documents": [True, False]})
+
+
+def test_chat_blend_request():
+    from transformers import AutoTokenizer
+
+    from engine.model_loader import hf_model_dir
+
+    tok = AutoTokenizer.from_pretrained(hf_model_dir(""))  # SmolLM2's, with its chat template
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who built it?"}]
+    ids, spec = build_chat_blend_request(tok, msgs, ["Doc one.", "Doc two."])
+    flat = tok.apply_chat_template([msgs[0], {"role": "user", "content": "Doc one.\n\nDoc two.\n\nWho built it?"}],
+                                   tokenize=False, add_generation_prompt=True)
+    assert tok.decode(ids) == flat
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == flat.count(tok.bos_token)
+    assert [s.document for s in spec.segments] == [False, True, True, False]

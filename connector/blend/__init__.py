@@ -13,10 +13,16 @@ from connector.blend.hook import BlendConfig, BlendHook
 from connector.blend.metrics import BlendMetrics
 from connector.blend.ratio import RatioPolicy
 from connector.blend.selfcheck import rerotate, self_check
-from connector.blend.spec import BlendSpec, Segment, build_blend_request, split_by_separator
+from connector.blend.spec import (
+                                 BlendSpec,
+                                 Segment,
+                                 build_blend_request,
+                                 build_chat_blend_request,
+                                 split_by_separator,
+)
 
 __all__ = [
     "BlendConfig", "BlendError", "BlendHook", "BlendMetrics", "BlendPlan", "BlendResult", "BlendSpec", "Blender",
     "BlendUnsupportedError", "ChunkCache", "ChunkStore", "InProcessChunkStore", "InvalidBlendRequestError",
-    "RatioPolicy", "Segment", "build_blend_request", "chunk_key", "rerotate", "self_check", "split_by_separator",
+    "RatioPolicy", "Segment", "build_blend_request", "build_chat_blend_request", "chunk_key", "rerotate", "self_check", "split_by_separator",
 ]

@@ -5,7 +5,8 @@ position-independent chunks and blended; the leading non-document segment (BOS +
 prompt) is a true prefix, so its cached KV is exact and it is never recomputed after layer 1;
 every other non-document segment (the question, separators) is always recomputed.
 
-``build_blend_request`` is what the server calls for ``extra_body={"documents": [...]}``;
+``build_chat_blend_request`` is what the server calls for chat requests with
+``extra_body={"documents": [...]}`` (``build_blend_request`` for plain text pieces);
 ``split_by_separator`` turns a plain prompt with a separator string into the same pieces.
 """
 
@@ -97,6 +98,26 @@ def build_blend_request(tokenizer: Any, system: str, documents: Sequence[str], q
     segs.append(Segment(tuple(q), False))
     spec = BlendSpec(tuple(segs), ratio)
     return spec.prompt_ids, spec
+
+
+_DOCS_MARK = "\u2063tierkv-documents\u2063"
+
+
+def build_chat_blend_request(tokenizer: Any, messages: Sequence[Mapping[str, str]], documents: Sequence[str],
+                             ratio: float | None = None, doc_separator: str = "\n\n"
+                             ) -> tuple[list[int], BlendSpec]:
+    """For /v1/chat/completions with ``extra_body={"documents": [...]}``: the documents go at the
+    start of the last user message, everything the chat template renders before them is the
+    prefix and everything after (the user's text, the assistant header) the always-recomputed
+    question."""
+    msgs = [dict(m) for m in messages]
+    last = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
+    if last is None:
+        raise InvalidBlendRequestError("a blend chat request needs a user message", "messages")
+    msgs[last]["content"] = _DOCS_MARK + str(msgs[last].get("content") or "")
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    before, _, after = text.partition(_DOCS_MARK)
+    return build_blend_request(tokenizer, before, documents, after, ratio, doc_separator)
 
 
 def split_by_separator(prompt: str, sep: str) -> tuple[str, list[str], str]:
