@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             "s3": stack.enter_context(kv_daemon(work / "s3", "--s3", f"s3://tierkv-e2e/{uuid.uuid4().hex[:8]}",
                                                 "--s3-endpoint", ep.url, env=s3_env)),
         }
-        h = headline(b, daemons, 2048, 2 if a.quick else 3)
+        h = headline(b, daemons, 2048, 3 if a.quick else 5)
         result["headline"] = h
         result["replicas"] = replicas(b, daemons["cpu"], 2 if a.quick else 4, 1024 if a.quick else 2048)
         lengths = [256, 1024] if a.quick else [256, 512, 1024, 2048]

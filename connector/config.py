@@ -17,7 +17,7 @@ class ConnectorConfig:
     lookup_deadline_s: float = 0.25  # one Lookup RPC
     load_deadline_min_s: float = 0.5  # a load may take max(this, factor x predicted) before we give up
     load_deadline_factor: float = 4.0
-    load_chunk_bytes: int = 16 * 2**20  # one Get RPC; a deadline keeps the chunks that arrived
+    load_chunk_bytes: int = 32 * 2**20  # one Get RPC; a deadline keeps the chunks that arrived
     down_backoff_s: float = 2.0  # after a daemon failure, skip lookups for this long
     offload_queue_bytes: int = 512 * 2**20  # staged KV waiting to be sent; beyond it, offloads are dropped
     offload_batch_bytes: int = 32 * 2**20  # one Put call
