@@ -193,6 +193,9 @@ class KVConnector:
         if not self.cfg.write_through:
             return
         n = min(req.num_computed // self.page_size, len(req.pages))
+        limit = getattr(req, "cache_limit", None)  # CacheBlend: approximate KV past it never leaves
+        if limit is not None:
+            n = min(n, limit // self.page_size)
         if n:
             self.save(self.request_keys(req, n), req.pages[:n])
 
