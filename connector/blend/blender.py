@@ -178,6 +178,8 @@ class Blender:
         always[N - 1] = True
         cand = (doc & ~always).nonzero().squeeze(1)
         n_pick = min(len(cand), int(math.floor(ratio * len(cand) + 0.5)))
+        if ratio >= 1.0:  # r = 1 recomputes everything, the exact prefix too: op for op a full prefill
+            always = torch.ones_like(doc)
         out = torch.empty(a.num_layers, 2, N, a.num_kv_heads, a.head_dim, dtype=m.dtype, device=dev) \
             if collect else None
 
@@ -199,7 +201,9 @@ class Blender:
                 if layer == CHECK_LAYER:
                     idx = self._select(reK[layer], reV[layer], k, v, cand, n_pick, always, select, generator)
                     h = h[idx]
-                    mask = pos[None, :] <= idx[:, None]  # exact causal: key position <= query position
+                    # exact causal: key position <= query position (all rows: the plain causal kernel,
+                    # so r = 1 runs op for op what a full prefill runs)
+                    mask = None if len(idx) == N else pos[None, :] <= idx[:, None]
                 continue
             K, V = reK[layer], reV[layer]  # this layer's buffer becomes its blended KV
             q, k, v = m.qkv(layer, h, idx)
@@ -230,4 +234,4 @@ class Blender:
             fresh, old = (k, K) if select == "k" else (v, V)
             dev = (fresh[cand].float() - old[cand].float()).pow(2).sum(dim=(1, 2))
             top = cand[dev.topk(n_pick).indices]
-        return torch.cat([top, always.nonzero().squeeze(1)]).sort().values
+        return torch.unique(torch.cat([top, always.nonzero().squeeze(1)]))  # sorted, no duplicates
