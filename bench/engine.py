@@ -78,9 +78,9 @@ class Plan:
     fid_long_prompt: int
 
 
-QUICK = Plan(reps_prefill=3, reps_ttft=2, reps_decode=2, decode_prompt=128, decode_steps=24,
+QUICK = Plan(reps_prefill=3, reps_ttft=3, reps_decode=2, decode_prompt=128, decode_steps=24,
              fid_new_tokens=16, fid_long_prompt=520)
-FULL = Plan(reps_prefill=5, reps_ttft=4, reps_decode=3, decode_prompt=256, decode_steps=48,
+FULL = Plan(reps_prefill=7, reps_ttft=5, reps_decode=3, decode_prompt=256, decode_steps=48,
             fid_new_tokens=32, fid_long_prompt=600)
 
 
@@ -125,58 +125,87 @@ class Bench:
         return time.perf_counter() - t0
 
     # -- measurements ---------------------------------------------------------------------
-    def prefill(self) -> dict[str, float]:
+    def prefill(self) -> dict[str, Any]:
+        """HF forward vs engine prefill of the same 2048 tokens, interleaved, order alternating."""
         hf_t, eng_t = [], []
         self._hf_prefill(self.prefix[:256])  # warm both paths (allocator, kernels)
         self._fresh()
         self._ttft(self.prefix[:256])
-        for _ in range(self.plan.reps_prefill):
-            hf_t.append(self._hf_prefill(self.prefix))
-            self._fresh()
-            hits = self.eng.radix.tokens_hit
-            eng_t.append(self._ttft(self.prefix))
-            assert self.eng.radix.tokens_hit == hits, "engine prefill must not hit the radix cache"
+        for r in range(self.plan.reps_prefill):
+            for side in (("hf", "engine") if r % 2 == 0 else ("engine", "hf")):
+                if side == "hf":
+                    hf_t.append(self._hf_prefill(self.prefix))
+                    continue
+                self._fresh()
+                hits = self.eng.radix.tokens_hit
+                eng_t.append(self._ttft(self.prefix))
+                assert self.eng.radix.tokens_hit == hits, "engine prefill must not hit the radix cache"
         hf, en = PREFIX_TOKENS / median(hf_t), PREFIX_TOKENS / median(eng_t)
         return {"hf_prefill_tok_s": hf, "engine_prefill_tok_s": en, "prefill_ratio": en / hf,
                 "hf_prefill_s_all": hf_t, "engine_prefill_s_all": eng_t}
 
-    def ttft(self) -> dict[str, float]:
+    def _suffixes(self, n: int) -> list[list[int]]:
+        """n distinct 32-token suffixes whose first pages all differ (so only the prefix can hit)."""
+        ps, out, seed = self.eng.cfg.page_size, [], 1000
+        while len(out) < n:
+            s = token_prompt(self.tok, seed, SUFFIX_TOKENS)
+            seed += 1
+            if all(s[:ps] != o[:ps] for o in out):
+                out.append(s)
+        return out
+
+    def ttft(self) -> dict[str, Any]:
+        """Per repetition: the 2048+32 prompt with its 2048-token prefix cached, then the very same
+        prompt on an empty cache (which leaves the prefix cached again for the next repetition)."""
         cold, hit = [], []
-        for r in range(self.plan.reps_ttft):
-            suffix = token_prompt(self.tok, 1000 + r, SUFFIX_TOKENS)
-            self._fresh()
-            cold.append(self._ttft(self.prefix + suffix))
         self._fresh()
-        self._ttft(self.prefix)  # the shared 2048-token prefix is now cached (128 full pages)
-        for r in range(max(self.plan.reps_ttft, 3)):
-            suffix = token_prompt(self.tok, 2000 + r, SUFFIX_TOKENS)  # new suffix: only the prefix hits
+        self._ttft(self.prefix)  # untimed: the shared 2048-token prefix is now cached (128 full pages)
+        for suffix in self._suffixes(self.plan.reps_ttft):
+            ids = self.prefix + suffix
             before = self.eng.radix.tokens_hit
-            hit.append(self._ttft(self.prefix + suffix))
+            hit.append(self._ttft(ids))
             got = self.eng.radix.tokens_hit - before
             assert got == PREFIX_TOKENS, f"expected a {PREFIX_TOKENS}-token radix hit, got {got}"
+            self._fresh()
+            cold.append(self._ttft(ids))
+            assert self.eng.radix.tokens_hit == 0, "the cold run must not hit"
         c, h = median(cold), median(hit)
         return {"cold_ttft_s": c, "radix_hit_ttft_s": h, "radix_hit_speedup": c / h,
                 "cold_ttft_s_all": cold, "radix_hit_ttft_s_all": hit}
 
-    def decode(self, bs: int) -> tuple[float, list[float]]:
-        """Tokens/s over steady-state decode steps of bs concurrent requests (prefill excluded)."""
+    def _decode_steps(self, bs: int, rep: int) -> list[float]:
+        """Wall time of each decode-only step of bs concurrent requests (the prefill step excluded)."""
         eng, p = self.eng, self.plan
-        rates = []
-        for rep in range(p.reps_decode):
-            self._fresh()
-            params = SamplingParams(max_tokens=p.decode_steps + 1, ignore_eos=True)
-            for i in range(bs):
-                eng.add_request(token_prompt(self.tok, 100 + 10 * rep + i, p.decode_prompt), params)
-            eng.step()  # every prompt prefilled in one step (bs * prompt <= max_prefill_tokens)
-            n_tok, t_total = 0, 0.0
-            while eng.has_unfinished():
-                t0 = time.perf_counter()
-                outs = eng.step()
-                t_total += time.perf_counter() - t0
-                n_tok += sum(len(o.new_token_ids) for o in outs)
-            assert n_tok == bs * p.decode_steps, (n_tok, bs, p.decode_steps)
-            rates.append(n_tok / t_total)
-        return median(rates), rates
+        self._fresh()
+        params = SamplingParams(max_tokens=p.decode_steps + 1, ignore_eos=True)
+        for i in range(bs):
+            eng.add_request(token_prompt(self.tok, 100 + 10 * rep + i, p.decode_prompt), params)
+        outs = eng.step()  # every prompt prefilled in one step (bs * prompt <= max_prefill_tokens)
+        assert len(outs) == bs, "the first step must prefill every request"
+        times = []
+        while eng.has_unfinished():
+            t0 = time.perf_counter()
+            outs = eng.step()
+            times.append(time.perf_counter() - t0)
+            assert len(outs) == bs and all(len(o.new_token_ids) == 1 for o in outs), "not a pure decode step"
+        assert len(times) == p.decode_steps
+        return times
+
+    def decode(self) -> dict[str, Any]:
+        """bs=1 and bs=8 interleaved; tokens/s = batch size / median decode-step time (pooled over
+        repetitions, so a burst of load on a shared machine moves it little)."""
+        steps: dict[int, list[float]] = {1: [], 8: []}
+        per_rep: dict[int, list[float]] = {1: [], 8: []}
+        for rep in range(self.plan.reps_decode):
+            for bs in ((1, 8) if rep % 2 == 0 else (8, 1)):
+                t = self._decode_steps(bs, rep)
+                steps[bs] += t
+                per_rep[bs].append(bs * len(t) / sum(t))
+        bs1, bs8 = 1 / median(steps[1]), 8 / median(steps[8])
+        return {"decode_tok_s_bs1": bs1, "decode_tok_s_bs8": bs8, "decode_bs8_over_bs1": bs8 / bs1,
+                "decode_tok_s_bs1_per_rep": per_rep[1], "decode_tok_s_bs8_per_rep": per_rep[8],
+                "decode_step_ms_bs1_median": 1e3 * median(steps[1]),
+                "decode_step_ms_bs8_median": 1e3 * median(steps[8])}
 
     def fidelity(self) -> tuple[bool, int, list[dict]]:
         p = self.plan
@@ -244,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
     t_start = time.perf_counter()
+    load_start = os.getloadavg()
     b = Bench(plan, args.threads)
     print(f"loaded in {time.perf_counter() - t_start:.1f}s; measuring ({'quick' if args.quick else 'full'})",
           flush=True)
@@ -251,10 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     res.update(b.prefill())
     print(f"prefill: HF {res['hf_prefill_tok_s']:.1f} tok/s, engine {res['engine_prefill_tok_s']:.1f} tok/s",
           flush=True)
-    bs1, bs1_all = b.decode(1)
-    bs8, bs8_all = b.decode(8)
-    res.update({"decode_tok_s_bs1": bs1, "decode_tok_s_bs8": bs8, "decode_bs8_over_bs1": bs8 / bs1,
-                "decode_tok_s_bs1_all": bs1_all, "decode_tok_s_bs8_all": bs8_all})
+    res.update(b.decode())
+    bs1, bs8 = res["decode_tok_s_bs1"], res["decode_tok_s_bs8"]
     print(f"decode: bs1 {bs1:.1f} tok/s, bs8 {bs8:.1f} tok/s", flush=True)
     res.update(b.ttft())
     print(f"ttft: cold {res['cold_ttft_s']:.3f}s, radix hit {res['radix_hit_ttft_s']:.3f}s", flush=True)
@@ -278,11 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         "HF prefill is one forward of AutoModelForCausalLM (fp32, sdpa, torch.inference_mode) with "
         "logits_to_keep=1, so HF is not charged for 2048 rows of lm_head that the engine skips.",
         "engine prefill = wall time from add_request to the first sampled token on an empty radix cache.",
-        "decode tok/s = generated tokens / time of decode-only steps (the prefill step is excluded).",
-        "medians over repetitions; HF and engine prefill repetitions are interleaved.",
+        "decode tok/s = batch size / median wall time of decode-only steps, pooled over repetitions "
+        "(the prefill step is excluded); *_per_rep gives tokens / total decode time per repetition.",
+        "medians over repetitions; HF/engine prefill, bs1/bs8 decode and hit/cold TTFT are interleaved "
+        "rep by rep (order alternating) so that load from other processes hits both sides alike.",
+        "radix hit: the 2048-token prefix is cached, the prompt adds a new 32-token suffix; cold: the "
+        "very same 2080-token prompt on an empty cache. TTFT = add_request to first sampled token.",
         "fidelity compares greedy tokens up to and including the first EOS (no min_new_tokens).",
     ]
     res["machine"] = machine_info(args.threads)
+    res["machine"]["loadavg_start"] = list(load_start)
+    res["machine"]["loadavg_end"] = list(os.getloadavg())
     res["wall_s"] = time.perf_counter() - t_start
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

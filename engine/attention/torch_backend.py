@@ -31,6 +31,12 @@ class _Meta:
     decode_mask: torch.Tensor | None  # [B, 1, 1, maxlen] additive (0 / -inf); None when lengths are equal
 
 
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache [slots, H, D] rows at ``slots`` -> [len(slots), H, D] (a copy), gathered as whole rows
+    of a 2-D view (a plain row copy; index_select on the 3-D view takes a slower path on CPU)."""
+    return cache.view(cache.shape[0], -1).index_select(0, slots).view(-1, *cache.shape[1:])
+
+
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool mask -> the additive float mask SDPA would build from it on every call (once per batch)."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
@@ -85,15 +91,15 @@ class TorchBackend(AttentionBackend):
                 vs = v[start : start + n].transpose(0, 1).unsqueeze(0).contiguous()
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
             else:
-                ks = kc.index_select(0, slots).transpose(0, 1).unsqueeze(0)
-                vs = vc.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+                ks = _gather(kc, slots).transpose(0, 1).unsqueeze(0)
+                vs = _gather(vc, slots).transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
             out[start : start + n] = o[0].transpose(0, 1)
         if meta.decode_rows is not None:
             b = meta.decode_rows.shape[0]
-            qd = q.index_select(0, meta.decode_rows).unsqueeze(2)  # [B, Hq, 1, D]
-            kd = kc.index_select(0, meta.decode_slots).view(b, -1, *kc.shape[1:]).transpose(1, 2)  # [B, Hkv, S, D]
-            vd = vc.index_select(0, meta.decode_slots).view(b, -1, *vc.shape[1:]).transpose(1, 2)
+            qd = q[meta.decode_rows].unsqueeze(2)  # [B, Hq, 1, D]
+            kd = _gather(kc, meta.decode_slots).view(b, -1, *kc.shape[1:]).transpose(1, 2)  # [B, Hkv, S, D]
+            vd = _gather(vc, meta.decode_slots).view(b, -1, *vc.shape[1:]).transpose(1, 2)
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True)
             out.index_copy_(0, meta.decode_rows, o.squeeze(2))
         return out
