@@ -24,16 +24,27 @@ def _populated(tiny, address: str, **kw: object):
     return eng, conn, want
 
 
+def _wait_stopped(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return
+        time.sleep(0.01)
+    raise AssertionError("daemon did not stop")
+
+
 def test_hung_daemon_deadline_then_recompute(tiny, tmp_path: Path) -> None:
     with daemon(tmp_path, "--cpu", "64MiB") as d:
         eng, conn, want = _populated(tiny, d.address, down_backoff_s=60.0)
         try:
             d.proc.send_signal(signal.SIGSTOP)  # alive but answering nothing
+            _wait_stopped(d.proc.pid)
             t0 = time.perf_counter()
             got = run(eng, IDS)
             assert time.perf_counter() - t0 < 5
             assert got.output_ids == want and got.cached_tokens == 0
-            assert conn.metrics.value("tierkv_connector_lookups_total", result="error") == 1
+            lookups = {r: conn.metrics.value("tierkv_connector_lookups_total", result=r) for r in ("hit", "miss", "error")}
+            assert lookups["error"] == 1, lookups
             eng.radix.reset()
             got = run(eng, IDS)  # inside the back-off window: the daemon is not even asked
             assert got.output_ids == want

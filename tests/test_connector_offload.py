@@ -118,3 +118,28 @@ def test_corrupted_block_is_dropped_and_recomputed(tiny, tmp_path: Path, redis_u
             r.delete(victim)
         finally:
             detach(eng)
+
+
+class _LimitCache:
+    """Stands in for CacheBlend: marks KV past 32 tokens as approximate (never to be cached)."""
+
+    def on_admit(self, req, scheduler) -> None:
+        req.cache_limit = 32
+
+    def on_finish(self, req, scheduler) -> None:
+        pass
+
+
+def test_write_through_never_offloads_past_cache_limit(tiny, tmp_path: Path) -> None:
+    ids = prompt(120, seed=6)
+    with daemon(tmp_path, "--cpu", "64MiB") as d:
+        eng = make_engine(tiny)
+        conn = attach(eng, d.address, write_through=True)
+        eng.scheduler.hooks.append(_LimitCache())
+        try:
+            run(eng, ids)
+            assert conn.wait_for_save(30)
+            assert conn.metrics.value("tierkv_connector_offload_blocks_total", result="sent") == 2
+            assert conn.loader.lookup(conn.keyspace.keys(ids, None), 5.0) == ["cpu", "cpu"]
+        finally:
+            detach(eng)
