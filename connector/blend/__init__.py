@@ -1,9 +1,13 @@
 """CacheBlend: reuse cached document KV at any position, recomputing the tokens that deviate most.
 
-Server entry points: ``build_blend_request`` / ``split_by_separator`` (spec.py) to turn
-documents into a BlendSpec, ``BlendHook.attach(engine)`` once at start-up, then
-``hook.add_request(spec, params, rid, cache_salt)`` per request; ``hook.metrics.snapshot()``
-for /metrics.
+Server wiring (OpenAI ``extra_body={"documents": [...], "blend_ratio": r}``)::
+
+    hook = BlendHook.attach(engine, BlendConfig(ratio=0.15))   # once; raises BlendUnsupportedError
+    ids, spec = build_chat_blend_request(tok, messages, documents, ratio)   # chat completions
+    ids, spec = build_blend_request(tok, system, documents, question, ratio)  # plain pieces
+    system, docs, question = split_by_separator(prompt, sep)                  # plain prompt + separator
+    rid = hook.add_request(spec, params, rid=rid, cache_salt=salt)            # instead of add_request
+    hook.metrics.snapshot()  # also exported on /metrics via engine.metric_collectors
 """
 
 from connector.blend.blender import Blender, BlendPlan, BlendResult
