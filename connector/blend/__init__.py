@@ -7,6 +7,7 @@ Server wiring (OpenAI ``extra_body={"documents": [...], "blend_ratio": r}``)::
     ids, spec = build_blend_request(tok, system, documents, question, ratio)  # plain pieces
     system, docs, question = split_by_separator(prompt, sep)                  # plain prompt + separator
     rid = hook.add_request(spec, params, rid=rid, cache_salt=salt)            # instead of add_request
+    hook.register(rid, spec); await async_engine.generate(rid, spec.prompt_ids, params, ...)  # or, async
     hook.metrics.snapshot()  # also exported on /metrics via engine.metric_collectors
 """
 

@@ -143,6 +143,11 @@ class BlendHook:
             req.num_computed = exact  # only exact pages may enter the radix tree / be offloaded
 
 
+    def register(self, rid: str, spec: BlendSpec) -> None:
+        """Mark request ``rid`` (not yet queued) as a blend request; for servers that queue requests
+        through engine/async_engine.py: register, then ``generate(rid, spec.prompt_ids, ...)``."""
+        self._pending[rid] = spec
+
     def add_request(self, spec: BlendSpec, params: SamplingParams | None = None, rid: str | None = None,
                     cache_salt: str | None = None) -> str:
         """engine.add_request for a blend spec (prompt = the segments' concatenation).
@@ -150,7 +155,7 @@ class BlendHook:
         The spec is registered under the request id before the request is queued, so an engine
         loop running in another thread cannot admit it unblended."""
         rid = rid or uuid.uuid4().hex
-        self._pending[rid] = spec
+        self.register(rid, spec)
         try:
             return self.engine.add_request(spec.prompt_ids, params, rid=rid, cache_salt=cache_salt)
         except Exception:
