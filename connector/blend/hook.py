@@ -138,6 +138,7 @@ class BlendHook:
                                     "selected": res.num_selected, "document_tokens": res.num_document_tokens}
 
     def on_finish(self, req: Request, scheduler) -> None:
+        self._pending.pop(req.rid, None)
         exact = req.extra.get("blend_exact_tokens")
         if exact is not None and req.num_computed > exact:
             req.num_computed = exact  # only exact pages may enter the radix tree / be offloaded
