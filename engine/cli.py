@@ -61,6 +61,40 @@ def build_engine(cfg: EngineConfig, kvstore: str | None = None):
     return engine
 
 
+class _BlendGlue:
+    """What the server needs of CacheBlend: request pieces in, (prompt ids, request extra) out."""
+
+    def __init__(self, engine) -> None:
+        from connector.blend import BlendConfig, BlendHook
+
+        self.tok = engine.tokenizer
+        self.hook = BlendHook.attach(engine, BlendConfig())  # runs the RoPE self-check; raises if unsupported
+
+    def chat(self, messages: list[dict], documents: list[str], ratio: float | None) -> tuple[list[int], dict]:
+        from connector.blend import build_chat_blend_request
+
+        ids, spec = build_chat_blend_request(self.tok, messages, documents, ratio)
+        return ids, {"blend": spec}
+
+    def plain(self, prompt: str, separator: str, ratio: float | None) -> tuple[list[int], dict]:
+        from connector.blend import build_blend_request, split_by_separator
+
+        system, docs, question = split_by_separator(prompt, separator)
+        ids, spec = build_blend_request(self.tok, system, docs, question, ratio)
+        return ids, {"blend": spec}
+
+
+def _blend_glue(engine) -> _BlendGlue | None:
+    from connector.blend import BlendUnsupportedError
+
+    try:
+        return _BlendGlue(engine)
+    except BlendUnsupportedError:
+        log.error("CacheBlend self-check FAILED for this model: requests with `documents` will be refused",
+                  exc_info=True)
+        return None
+
+
 def _serve(a: argparse.Namespace) -> int:
     import uvicorn
 
@@ -68,16 +102,10 @@ def _serve(a: argparse.Namespace) -> int:
     from engine.server import create_app
 
     engine = build_engine(_config(a), a.kvstore)
+    blend = None if a.no_blend else _blend_glue(engine)  # before AsyncEngine: it registers the collectors
     aengine = AsyncEngine(engine)
     aengine.start()
     name = a.served_model_name or engine.loaded.name
-    blend = None
-    try:
-        from connector.blend.server_glue import make_blend_handler
-
-        blend = make_blend_handler(engine)
-    except ImportError:
-        pass
     app = create_app(aengine, name, blend=blend)
     log.info("serving %s on http://%s:%d/v1", name, a.host, a.port)
     uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
@@ -112,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name", default=None)
+    s.add_argument("--no-blend", action="store_true", help="refuse CacheBlend (`documents`) requests")
     g = sub.add_parser("generate", help="one-off generation")
     _engine_args(g)
     g.add_argument("prompt")

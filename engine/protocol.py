@@ -2,8 +2,9 @@
 
 Unknown fields are accepted and ignored, as OpenAI-compatible servers do; fields we cannot honour
 (n > 1, best_of, echo with logprobs) are refused with a 400 instead of silently ignored.
-Extensions: ``top_k``, ``ignore_eos``, ``cache_salt`` (tenant isolation of cached KV), and for chat
-``documents`` (CacheBlend: retrieved documents reused at any position) with ``blend_ratio``.
+Extensions: ``top_k``, ``ignore_eos``, ``cache_salt`` (tenant isolation of cached KV), CacheBlend's
+``documents`` (chat: retrieved documents reused at any position) or ``blend_separator`` (completions:
+a plain prompt "system SEP doc SEP ... SEP question"), each with an optional ``blend_ratio``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class CompletionRequest(_Common):
     echo: bool = False
     best_of: int | None = None
     logprobs: int | None = None
+    blend_separator: str | None = None  # "system SEP doc SEP ... SEP question" -> CacheBlend
+    blend_ratio: float | None = None
 
     def prompt_input(self) -> str | list[int]:
         p = self.prompt

@@ -58,8 +58,8 @@ def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
 
 
 def create_app(aengine: AsyncEngine, model_name: str, blend: Any = None) -> FastAPI:
-    """blend: optional callable (tokenizer-free) turning (system, documents, question, ratio) into
-    (prompt_ids, extra) for CacheBlend requests; None means `documents` requests are refused."""
+    """blend: CacheBlend glue with ``chat(messages, documents, ratio)`` and ``plain(prompt, separator,
+    ratio)``, each returning (prompt_ids, request extra); None refuses `documents` requests."""
     app = FastAPI(title="tierkv engine")
     eng = aengine.engine
     tok = eng.tokenizer
@@ -124,11 +124,20 @@ def create_app(aengine: AsyncEngine, model_name: str, blend: Any = None) -> Fast
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request) -> Any:
         _check_model(body.model)
-        ids = _tokenize_prompt(body.prompt_input())
+        prompt = body.prompt_input()
+        extra = None
+        if body.blend_separator is not None:
+            if blend is None:
+                raise InvalidRequestError("CacheBlend is not available on this server", "blend_separator")
+            if not isinstance(prompt, str):
+                raise InvalidRequestError("blend_separator needs a text prompt", "prompt")
+            ids, extra = blend.plain(prompt, body.blend_separator, body.blend_ratio)
+        else:
+            ids = _tokenize_prompt(prompt)
         params = body.sampling(default_max=16)
         rid = f"cmpl-{uuid.uuid4().hex}"
         aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt)
+        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extra=extra)
         if body.stream:
             def chunks(out: RequestOutput) -> list[dict[str, Any]]:
                 base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name}
@@ -149,8 +158,8 @@ def create_app(aengine: AsyncEngine, model_name: str, blend: Any = None) -> Fast
             raise InvalidRequestError("messages must not be empty", "messages")
         if body.documents:
             if blend is None:
-                raise InvalidRequestError("this server has no CacheBlend support enabled", "documents")
-            return blend(msgs, body.documents, body.blend_ratio)
+                raise InvalidRequestError("CacheBlend is not available on this server", "documents")
+            return blend.chat(msgs, body.documents, body.blend_ratio)
         text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         return tok(text, add_special_tokens=False)["input_ids"], None
 

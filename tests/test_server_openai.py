@@ -161,3 +161,38 @@ def test_metrics_exposed(server):
                  "tierkv_engine_queue_depth", "tierkv_engine_kv_pool_usage_ratio",
                  "tierkv_engine_prefix_hit_tokens_total"):
         assert name in text
+
+
+DOCS = ["The Zorblat river flows through the town of Mirvale and is 212 km long.",
+        "Mirvale was founded in 1432 by the weaver Anna Kestrel.",
+        "The main export of Mirvale is blue wool, sold every Tuesday at the river market."]
+
+
+def test_chat_with_documents_is_blended(server, client):
+    from transformers import AutoTokenizer
+
+    from connector.blend import build_chat_blend_request
+    from engine.model_loader import hf_model_dir
+
+    msgs = [{"role": "user", "content": "Who founded Mirvale?"}]
+    full = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=12,
+                                          temperature=0, extra_body={"documents": DOCS, "blend_ratio": 1.0})
+    # r = 1 recomputes everything: same tokens as a plain prefill of the same prompt ids
+    ids, _ = build_chat_blend_request(AutoTokenizer.from_pretrained(hf_model_dir("")), msgs, DOCS, 1.0)
+    plain = client.completions.create(model="SmolLM2-135M-Instruct", prompt=ids, max_tokens=12, temperature=0)
+    assert full.choices[0].message.content == plain.choices[0].text
+    assert full.usage.prompt_tokens == len(ids)
+    partial = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=12,
+                                             temperature=0, extra_body={"documents": DOCS[::-1]})
+    assert partial.choices[0].message.content
+    text = httpx.get(server + "/metrics").text
+    assert re.search(r"^tierkv_blend_\w+ [1-9]", text, re.M), "blend metrics must count the blended requests"
+
+
+def test_completion_with_blend_separator(server):
+    body = {"prompt": "Facts:|" + "|".join(DOCS) + "|Question: how long is the Zorblat river? Answer:",
+            "blend_separator": "|", "max_tokens": 8, "temperature": 0}
+    r = httpx.post(server + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    bad = httpx.post(server + "/v1/completions", json={**body, "prompt": "no separators here"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
