@@ -80,19 +80,19 @@ class Plan:
 
 QUICK = Plan(reps_prefill=3, reps_ttft=3, reps_decode=2, decode_prompt=128, decode_steps=24,
              fid_new_tokens=16, fid_long_prompt=520)
-FULL = Plan(reps_prefill=7, reps_ttft=5, reps_decode=3, decode_prompt=256, decode_steps=48,
+FULL = Plan(reps_prefill=5, reps_ttft=5, reps_decode=3, decode_prompt=128, decode_steps=32,
             fid_new_tokens=32, fid_long_prompt=600)
 
 
 class Bench:
-    def __init__(self, plan: Plan, threads: int) -> None:
+    def __init__(self, plan: Plan, threads: int, model: str = "") -> None:
         from transformers import AutoModelForCausalLM
 
         self.plan = plan
         torch.set_num_threads(threads)
-        self.loaded = load_model("")
+        self.loaded = load_model(model)
         self.tok = self.loaded.tokenizer
-        self.hf = AutoModelForCausalLM.from_pretrained(hf_model_dir(""), dtype=torch.float32)
+        self.hf = AutoModelForCausalLM.from_pretrained(hf_model_dir(model), dtype=torch.float32)
         self.hf.eval()
         cfg = EngineConfig(num_threads=threads, device="cpu", max_prefill_tokens=4096, kv_memory=512 * 2**20,
                            max_num_seqs=64)
@@ -209,11 +209,13 @@ class Bench:
 
     def fidelity(self) -> tuple[bool, int, list[dict]]:
         p = self.plan
+        chat = [{"role": "user", "content": "Name three primary colours."}]
+        chat_text = (self.tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                     if getattr(self.tok, "chat_template", None) else "Q: Name three primary colours.\nA:")
         prompts = [
             self.tok("The capital of France is")["input_ids"],
             self.tok("def quicksort(xs):")["input_ids"],
-            self.tok(self.tok.apply_chat_template([{"role": "user", "content": "Name three primary colours."}],
-                                                  tokenize=False, add_generation_prompt=True))["input_ids"],
+            self.tok(chat_text)["input_ids"],
             token_prompt(self.tok, 7, 300),
             token_prompt(self.tok, 8, p.fid_long_prompt),
         ]
@@ -270,11 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="where to write the JSON results")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (under ~3 minutes on 2 cores)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads for both sides")
+    ap.add_argument("--model", default="", help="model (default: the bundled SmolLM2-135M-Instruct)")
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
     t_start = time.perf_counter()
     load_start = os.getloadavg()
-    b = Bench(plan, args.threads)
+    b = Bench(plan, args.threads, args.model)
     print(f"loaded in {time.perf_counter() - t_start:.1f}s; measuring ({'quick' if args.quick else 'full'})",
           flush=True)
     res: dict[str, Any] = {}
