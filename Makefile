@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m engine.demo
+	$(BIN)/python -m engine.demo --with-kvstore
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
