@@ -26,9 +26,7 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +43,7 @@ from engine.engine import LLMEngine
 from engine.model_loader import load_model
 from engine.request import Request, Status
 from engine.sampling import SamplingParams
+from kvstore.launch import running_daemon
 
 log = logging.getLogger("bench.e2e")
 TIERS = ("cpu", "disk", "s3")
@@ -54,28 +53,8 @@ TIERS = ("cpu", "disk", "s3")
 @contextmanager
 def kv_daemon(work: Path, *flags: str, env: dict[str, str] | None = None):
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "kvstore", "serve", "--listen", "127.0.0.1:0", *flags]
-    full_env = dict(os.environ, TIERKV_CACHE_DIR=str(work), **(env or {}))
-    with open(work / "daemon.log", "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)
-    try:
-        address = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not address:
-            line = proc.stdout.readline()  # type: ignore[union-attr]
-            if line.startswith("kvstore listening on "):
-                address = line.split()[3]
-            elif not line and proc.poll() is not None:
-                break
-        if not address:
-            raise RuntimeError(f"daemon {flags} did not start: {(work / 'daemon.log').read_text()[-2000:]}")
+    with running_daemon(work, *flags, env=env, log_path=work / "daemon.log") as address:
         yield address
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 class Bench:

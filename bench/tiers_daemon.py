@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from kvstore.launch import spawn_daemon, stop_daemon
 
 LOOPBACK = "127.0.0.1"
 
@@ -45,32 +46,6 @@ def _blocks(n: int, seed: int = 0) -> list[tuple[bytes, bytes]]:
         arr = rng.integers(0, 2**31, size=nbytes // 4, dtype=np.int32).view(np.float32)
         out.append((key, encode_block(key, arr, layout="bench")))
     return out
-
-
-def start_daemon(cache_dir: Path, *flags: str, timeout_s: float = 30.0) -> tuple[subprocess.Popen[str], str]:
-    """``kvstore serve`` on a free loopback port; returns (process, address) once serving."""
-    env = dict(os.environ, TIERKV_CACHE_DIR=str(cache_dir))
-    argv = [sys.executable, "-m", "kvstore", "serve", "--listen", f"{LOOPBACK}:0", *flags]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("kvstore listening on "):
-            return proc, line.split()[3]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise RuntimeError(f"kvstore daemon did not start (exit {proc.poll()})")
-
-
-def stop_daemon(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> None:
@@ -132,7 +107,7 @@ def measure_daemon(quick: bool, redis_url: str) -> dict[str, float | int | bool]
     blocks = _blocks(n)
     total = sum(len(b) for _, b in blocks)
     with tempfile.TemporaryDirectory(prefix="tierkv-bench-daemon-") as tmp:
-        proc, address = start_daemon(Path(tmp), "--cpu", str(max(total * 2, 64 << 20)))
+        proc, address = spawn_daemon(Path(tmp), "--cpu", str(max(total * 2, 64 << 20)))
         r = redis.Redis.from_url(redis_url)
         try:
             with KVStoreClient(address, deadline_s=60.0) as c:

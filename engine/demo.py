@@ -91,29 +91,11 @@ def metric(base: str, name: str) -> float:
 @contextmanager
 def kvstore_daemon(workdir: str):
     """`kvstore serve` with its embedded default tiers (cpu over disk, the disk under ``workdir``)."""
-    cmd = [sys.executable, "-m", "kvstore", "serve", "--listen", "127.0.0.1:0"]
-    env = dict(os.environ, TIERKV_CACHE_DIR=workdir, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        deadline = time.time() + 60
-        address = ""
-        while time.time() < deadline and not address:
-            line = proc.stdout.readline()
-            if line.startswith("kvstore listening on "):
-                address = line.split()[3]
-            elif not line and proc.poll() is not None:
-                raise SystemExit(f"kvstore daemon exited with {proc.returncode}")
-        if not address:
-            raise SystemExit("kvstore daemon did not start")
+    from kvstore.launch import running_daemon
+
+    with running_daemon(workdir) as address:
         print(f"[demo] kvstore daemon on {address} (cpu 1GiB -> disk under {workdir})", flush=True)
         yield address
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def run_workload(base: str, histories: dict[str, list[dict]] | None = None) -> dict[str, list[float]]:

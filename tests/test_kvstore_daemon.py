@@ -7,7 +7,6 @@ client facing a daemon that is down.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from bench.servers import free_port
 from kvstore.block import decode_block, encode_block
 from kvstore.client import KVStoreClient
 from kvstore.errors import KVStoreUnavailable
+from kvstore.launch import spawn_daemon
 from kvstore.retry import ExponentialBackoff, Retry
 
 BLOCK_FLOATS = 64 * 1024  # 256 KiB of payload
@@ -36,20 +36,9 @@ class Daemon:
         self.address = ""
 
     def start(self, listen: str = "127.0.0.1:0") -> Daemon:
-        env = dict(os.environ, TIERKV_CACHE_DIR=str(self.workdir / "cache"), **self.env)
-        argv = [sys.executable, "-m", "kvstore", "serve", "--listen", listen, *self.flags]
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("kvstore listening on "):
-                self.address = line.split()[3]
-                return self
-            if not line and self.proc.poll() is not None:
-                break
-        raise AssertionError(f"daemon did not start: {self.log.read_text()[-2000:]}")
+        self.proc, self.address = spawn_daemon(self.workdir / "cache", *self.flags, env=self.env,
+                                               log_path=self.log, listen=listen, timeout_s=30)
+        return self
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
         assert self.proc is not None
