@@ -252,34 +252,27 @@ class RadixCache:
         return released
 
     def _describe(self, victims: list[TreeNode]) -> list[EvictedNode]:
-        ends: dict[TreeNode, Tokens] = {r: () for r in self._roots.values()}  # node -> tokens from root
-        salts = {id(r): s for s, r in self._roots.items()}
-        root_of: dict[TreeNode, TreeNode] = {r: r for r in self._roots.values()}
+        # node -> (salt of its root, tokens from the root to the node's end), memoised so that
+        # victims sharing ancestors walk each path once
+        paths: dict[TreeNode, tuple[str, Tokens]] = {r: (s, ()) for s, r in self._roots.items()}
 
-        def salt_of(node: TreeNode) -> str:
+        def path_of(node: TreeNode) -> tuple[str, Tokens]:
             chain: list[TreeNode] = []
             n = node
-            while n not in root_of:
+            while n not in paths:
                 chain.append(n)
                 n = n.parent  # type: ignore[assignment]
-            for a in chain:
-                root_of[a] = root_of[n]
-            return salts[id(root_of[n])]
-
-        def end_of(node: TreeNode) -> Tokens:
-            chain: list[TreeNode] = []
-            n = node
-            while n not in ends:
-                chain.append(n)
-                n = n.parent  # type: ignore[assignment]
-            acc = ends[n]
+            salt, acc = paths[n]
             for a in reversed(chain):
                 acc = acc + a.tokens
-                ends[a] = acc
-            return acc
+                paths[a] = (salt, acc)
+            return salt, acc
 
-        return [EvictedNode(end_of(v.parent), v.tokens, list(v.pages), salt_of(v))  # type: ignore[arg-type]
-                for v in victims]
+        out = []
+        for v in victims:
+            salt, prefix = path_of(v.parent)  # type: ignore[arg-type]
+            out.append(EvictedNode(prefix, v.tokens, list(v.pages), salt))
+        return out
 
     # ------------------------------------------------------------------ accounting
 
