@@ -41,24 +41,25 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"process exited with {proc.returncode}")
+            raise RuntimeError(f"process exited with {proc.returncode}")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise SystemExit(f"{url} did not become healthy")
+    raise RuntimeError(f"{url} did not become healthy within {timeout:.0f}s")
 
 
 @contextmanager
-def engine_server(extra: list[str], name: str, env: dict[str, str] | None = None):
+def engine_server(extra: list[str], name: str, env: dict[str, str] | None = None, timeout: float = 300):
+    """`kvengine serve` on a free loopback port for a ``with`` block; yields its base URL."""
     port = free_port()
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port), *extra]
     print(f"[demo] starting {name}: {' '.join(cmd[1:])}", flush=True)
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

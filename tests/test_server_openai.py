@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
+
+from engine.demo import engine_server
 
 pytestmark = pytest.mark.slow
 
@@ -19,38 +17,10 @@ SYSTEM = ("You are a meticulous travel assistant. You answer questions about cit
           "and food. Always answer in one short sentence and never invent facts. ") * 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", str(port),
-                             "--kv-memory", "128MiB", "--threads", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("server exited:\n" + proc.stdout.read())
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError("server did not become healthy")
-    yield base
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with engine_server(["--kv-memory", "128MiB", "--threads", "2"], "test server", timeout=180) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
