@@ -5,18 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-
-def parse_size(text: str | int) -> int:
-    """'512MiB' / '2GiB' / '1.5GB' / '1000' -> bytes."""
-    if isinstance(text, int):
-        return text
-    s = text.strip().lower().replace(" ", "")
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 2**10, "m": 2**20, "g": 2**30, "b": 1}
-    for u in sorted(units, key=len, reverse=True):
-        if s.endswith(u):
-            return int(float(s[: -len(u)]) * units[u])
-    return int(float(s))
+from kvstore.config import parse_size  # one size grammar for every flag: 512MiB, 4GiB, 1.5GB
 
 
 @dataclass(frozen=True)
