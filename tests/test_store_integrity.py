@@ -161,3 +161,39 @@ def test_a_valid_block_of_another_key_is_refused(case: Case) -> None:
     assert case.store.get(KEY) is None
     assert case.lower.contains_many([KEY]) == [False]
     assert _corrupt_count(case.metrics, case.lower.name, "key") == 1
+
+
+def test_daemon_answers_a_miss_then_stores_the_reput(tmp_path: Path, redis_url: str) -> None:
+    """End to end: a real daemon over a real Redis; the re-put is STORED, not ALREADY_PRESENT."""
+    import time
+    import urllib.request
+
+    import redis
+
+    from bench.servers import free_port
+    from kvstore.client import KVStoreClient
+    from kvstore.launch import running_daemon
+
+    tag = uuid.uuid4().hex[:8].encode()
+    keys = [b"%s-%07d" % (tag, i) for i in range(8)]
+    blocks = [(k, encode_block(k, np.full(64 * 1024, i, dtype=np.float32))) for i, k in enumerate(keys)]
+    port = free_port()
+    flags = ["--cpu", "1MiB", "--redis", redis_url, "--metrics-port", str(port)]
+    plain = redis.Redis.from_url(redis_url)
+    with running_daemon(tmp_path, *flags, log_path=tmp_path / "daemon.log") as address, \
+            KVStoreClient(address, deadline_s=30) as c:  # fmt: skip
+        assert c.put_many(blocks) == [True] * 8
+        deadline = time.monotonic() + 60
+        while c.stats().pending_blocks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        key, good = blocks[0]
+        assert c.lookup([key]).tiers == ["redis"]  # evicted from the 1 MiB cpu tier
+        plain.set(b"tierkv:" + key, _flip(good))
+        assert c.get(key) is None
+        assert plain.exists(b"tierkv:" + key) == 0
+        assert c.put_many([(key, good)]) == [True]  # STORED
+        assert c.get(key, copy=True) == good
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert 'tierkv_tier_corrupt_blocks_total{reason="checksum",tier="redis"} 1.0' in scrape
+        c.delete_many([k for k, _ in blocks])
+    plain.close()
