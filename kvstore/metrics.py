@@ -39,7 +39,7 @@ class _StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         st = self._store.stats()
         gauges = {
-            "used_bytes": GaugeMetricFamily("tierkv_tier_used_bytes", "Bytes held by the tier", labels=["tier"]),
+            "used_bytes": GaugeMetricFamily("tierkv_tier_used_bytes", "Bytes the store tracks in the tier (shared tier: its own writes)", labels=["tier"]),
             "capacity_bytes": GaugeMetricFamily("tierkv_tier_capacity_bytes", "Configured bytes", labels=["tier"]),
             "blocks": GaugeMetricFamily("tierkv_tier_blocks", "Blocks held by the tier", labels=["tier"]),
             "available": GaugeMetricFamily("tierkv_tier_available", "1 unless the tier is being skipped", labels=["tier"]),
