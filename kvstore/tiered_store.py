@@ -19,13 +19,11 @@ Why this shape:
 - The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
   tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
   scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
-- Every block read from a level below the top is verified (checksum, format, key) before it is
-  served or promoted: the top holds only blocks validated on their way in, lower tiers hold bytes
-  that sat on disks, servers and networks. A bad block is deleted from that tier, reported to
-  the observer (a metric by tier and reason) and treated as absent there; a re-put is accepted.
-- Reads copy outside the store lock. The lock covers the bookkeeping; the source stays valid
-  without it: the cpu tier pins the arena run a view points into until that view is dropped
-  (delete and eviction defer the free), a queued block is immutable bytes, and lower tiers
+- A block read below the top is verified (``block_fault``) before it is served or promoted; a
+  bad one is deleted from that tier, reported to the observer and is a miss there (the top holds
+  only blocks the daemon validated on their way in).
+- Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
+  run a view points into until the view is dropped, queued blocks are immutable, lower tiers
   return copies.
 """
 
