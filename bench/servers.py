@@ -152,8 +152,12 @@ def _start_or_stop(proc: _Process, ready: Callable[[], bool], timeout_s: float, 
         raise
 
 
-def _redis_ping(port: int) -> bool:
+def _redis_ping(port: int, password: str | None = None) -> bool:
     with socket.create_connection((LOOPBACK, port), timeout=1) as s:
+        if password is not None:
+            s.sendall(b"AUTH %s\r\n" % password.encode())
+            if not s.recv(64).startswith(b"+OK"):
+                return False
         s.sendall(b"PING\r\n")
         return s.recv(64).startswith(b"+PONG")
 
@@ -164,13 +168,17 @@ def _redis_argv(port: int, workdir: Path, extra: list[str]) -> list[str]:
 
 
 class RedisServer:
-    """One standalone redis-server; ``url`` is ready once the constructor returns."""
+    """One standalone redis-server; ``url`` is ready once the constructor returns.
 
-    def __init__(self, workdir: Path) -> None:
+    With ``password`` the server requires it (``requirepass``) and ``url`` carries it."""
+
+    def __init__(self, workdir: Path, password: str | None = None) -> None:
         self.port = free_port()
-        self.url = f"redis://{LOOPBACK}:{self.port}/0"
-        self._p = _Process(_redis_argv(self.port, workdir, []), workdir, f"redis-{self.port}")
-        _start_or_stop(self._p, lambda: _redis_ping(self.port), 10, "redis-server")
+        auth = f":{password}@" if password is not None else ""
+        self.url = f"redis://{auth}{LOOPBACK}:{self.port}/0"
+        extra = ["--requirepass", password] if password is not None else []
+        self._p = _Process(_redis_argv(self.port, workdir, extra), workdir, f"redis-{self.port}")
+        _start_or_stop(self._p, lambda: _redis_ping(self.port, password), 10, "redis-server")
 
     def pause(self) -> None:
         """SIGSTOP: the server keeps its socket but answers nothing (a hung server)."""

@@ -13,6 +13,11 @@ batch, so ``vs_redis`` is not flattered by a weak baseline.
 - ``get_copy_gbps``: ``get_many(copy=True)``, fresh bytes objects like redis-py returns.
 - ``get_into_gbps``: ``read_many`` copying each block once into a pre-faulted buffer, as the
   connector does into its KV pool.
+- ``concurrent_scaling``: aggregate ``get_many(copy=True)`` GB/s (bytes the callers own) of 4
+  client *processes* (one GIL each) on the one daemon, divided by that of 1 client. Each client
+  reads every block ``rounds`` times once all are ready; aggregate = all bytes / (last end - first
+  start). 1- and 4-client runs alternate, 3 of each, medians compared; the load average is
+  recorded, since the machine may be shared.
 
     python -m bench.tiers_daemon --redis redis://127.0.0.1:6379/0 [--quick]
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -97,6 +103,60 @@ def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> N
     print(json.dumps({"bytes": total, "daemon_s": d_t, "copy_s": copy_t, "into_s": into_t, "redis_loop_s": loop_t, "redis_pipe_s": pipe_t, "shm": shm}))
 
 
+def _scaling_client_main(address: str, keys_file: str, rounds: int) -> None:
+    """One of the concurrent clients: warm up, say ready, wait for go, time ``rounds`` passes."""
+    from kvstore.client import KVStoreClient
+
+    keys = [bytes.fromhex(k) for k in json.loads(Path(keys_file).read_text())["keys"]]
+    with KVStoreClient(address, deadline_s=60.0) as c:
+        nbytes = sum(len(b) for b in c.get_many(keys, copy=True) if b is not None)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        start = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
+        for _ in range(rounds):
+            got = c.get_many(keys, copy=True)
+            del got
+        end = time.monotonic()
+    print(json.dumps({"bytes": nbytes * rounds, "start": start, "end": end}), flush=True)
+
+
+def _aggregate_gbps(clients: int, address: str, keys_file: Path, rounds: int) -> float:
+    """Aggregate copying-get GB/s of ``clients`` processes reading at once."""
+    argv = [sys.executable, "-m", "bench.tiers_daemon", "--scaling-client", "--address", address,
+            "--keys-file", str(keys_file), "--rounds", str(rounds)]  # fmt: skip
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(clients)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready", "scaling client did not start"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        res = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return sum(r["bytes"] for r in res) / (max(r["end"] for r in res) - min(r["start"] for r in res)) / 1e9
+
+
+def measure_scaling(address: str, keys_file: Path, rounds: int, clients: int = 4, reps: int = 3) -> dict[str, float]:
+    one: list[float] = []
+    many: list[float] = []
+    load = os.getloadavg()[0]
+    for _ in range(reps):
+        one.append(_aggregate_gbps(1, address, keys_file, rounds))
+        many.append(_aggregate_gbps(clients, address, keys_file, rounds))
+    g1, gn = statistics.median(one), statistics.median(many)
+    return {
+        "concurrent_scaling": round(gn / g1, 2),
+        "concurrent_clients": clients,
+        "concurrent_get_gbps_1": round(g1, 3),
+        f"concurrent_get_gbps_{clients}": round(gn, 3),
+        "concurrent_loadavg_1m": round((load + os.getloadavg()[0]) / 2, 2),
+    }
+
+
 def measure_daemon(quick: bool, redis_url: str) -> dict[str, float | int | bool]:
     """Start a daemon, load it and Redis with the same blocks, time gets from another process."""
     import redis
@@ -123,6 +183,7 @@ def measure_daemon(quick: bool, redis_url: str) -> dict[str, float | int | bool]
                  "--keys-file", str(keys_file), "--rounds", str(rounds)],
                 capture_output=True, text=True, timeout=600, check=True,
             )  # fmt: skip
+            scaling = measure_scaling(address, keys_file, rounds=rounds * 2)
         finally:
             r.delete(*[b"bench:" + k for k, _ in blocks])
             r.close()
@@ -141,6 +202,7 @@ def measure_daemon(quick: bool, redis_url: str) -> dict[str, float | int | bool]
         "bytes": res["bytes"],
         "rounds": rounds,
         "shm": bool(res["shm"]),
+        **scaling,
     }
 
 
@@ -149,12 +211,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--redis", help="redis:// URL (default: start a private redis-server)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scaling-client", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--keys-file", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.client:
         _client_main(args.address, args.redis, args.keys_file, args.rounds)
+        return
+    if args.scaling_client:
+        _scaling_client_main(args.address, args.keys_file, args.rounds)
         return
     if args.redis:
         print(json.dumps(measure_daemon(args.quick, args.redis), indent=2))

@@ -178,3 +178,18 @@ def decode_block(buf: bytes | bytearray | memoryview, verify: bool = True) -> Bl
 def peek_key(buf: bytes | bytearray | memoryview) -> bytes:
     """The key of an encoded block, without verifying the checksum."""
     return decode_block(buf, verify=False).key
+
+
+def block_fault(buf: bytes | bytearray | memoryview, key: bytes) -> str | None:
+    """Why ``buf`` cannot be served as the block stored under ``key``, or None when it can.
+
+    The reasons are short labels (used as a metric label): ``checksum`` (bytes corrupted),
+    ``format`` (not a block, or truncated) and ``key`` (a valid block of another key).
+    """
+    try:
+        blk = decode_block(buf)
+    except ChecksumError:
+        return "checksum"
+    except BlockFormatError:
+        return "format"
+    return None if blk.key == bytes(key) else "key"

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from tiers.errors import ConfigError
+from tiers.redact import redact_url
 
 KINDS = ("cpu", "disk", "redis", "s3")
 _UNITS = {
@@ -55,7 +56,7 @@ class TierConfig:
 
     kind: str
     capacity_bytes: int
-    policy: str = "lru"
+    eviction: str = "lru"  # eviction policy: lru, s3fifo, arc (kvstore/eviction.py)
     path: str = ""  # disk: lmdb directory
     url: str = ""  # s3://bucket/prefix or redis://host:port/db
     endpoint: str = ""  # s3 endpoint URL (SeaweedFS, MinIO); empty = AWS
@@ -78,13 +79,22 @@ class TierConfig:
         if self.kind == "s3" and not self.url.startswith("s3://"):
             raise ConfigError(f"s3 tier needs an s3://bucket/prefix url, got {self.url!r}")
         if self.kind == "redis" and not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"redis tier needs a redis:// url, got {self.url!r}")
+            raise ConfigError(f"redis tier needs a redis:// url, got {redact_url(self.url)!r}")
         if self.admit_min_hits < 0 or self.ttl_s < 0:
             raise ConfigError(f"{self.kind}: admit_min_hits and ttl_s must be >= 0")
-        from kvstore.policy import POLICIES  # local: keep config import-light
+        from kvstore.eviction import EVICTION_POLICIES  # local: keep config import-light
 
-        if self.policy.lower().replace("-", "").replace("_", "") not in POLICIES:
-            raise ConfigError(f"{self.kind}: unknown policy {self.policy!r}")
+        if self.eviction.lower().replace("-", "").replace("_", "") not in EVICTION_POLICIES:
+            raise ConfigError(f"{self.kind}: unknown eviction policy {self.eviction!r}")
+
+    def __repr__(self) -> str:
+        """Fields that differ from their defaults; the URL's password masked, S3 keys left out."""
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.repr and value != f.default:
+                shown.append(f"{f.name}={redact_url(value)!r}" if f.name == "url" else f"{f.name}={value!r}")
+        return f"TierConfig({', '.join(shown)})"
 
     @property
     def bucket_prefix(self) -> tuple[str, str]:
@@ -186,7 +196,7 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
     p.add_argument("--redis", help="redis tier redis://host:port")
     p.add_argument("--redis-cluster", action="store_true", default=None)
     p.add_argument("--redis-capacity", help="bytes the redis tier may hold (default 4GiB)")
-    p.add_argument("--policy", help="eviction policy of every tier (lru, s3fifo, arc)")
+    p.add_argument("--eviction", help="eviction policy of every tier (lru, s3fifo, arc)")
     p.add_argument("--listen", help="HOST:PORT to serve gRPC on")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:N")
     p.add_argument("--no-promote", action="store_true", default=None, help="do not promote on hit")
@@ -244,8 +254,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     if not tiers:
         cache = default_cache_dir(env)
         tiers = {"cpu": TierConfig("cpu", 1024**3), "disk": TierConfig("disk", 10 * 1024**3, path=str(cache / "disk"))}
-    if args.policy:
-        tiers = {k: replace(t, policy=args.policy) for k, t in tiers.items()}
+    if args.eviction:
+        tiers = {k: replace(t, eviction=args.eviction) for k, t in tiers.items()}
     for name, val in (("listen", args.listen), ("metrics_port", args.metrics_port)):
         if val is not None:
             scalars[name] = val

@@ -4,6 +4,14 @@ The tier is a dumb byte store; the level owns what the store knows about it: the
 (key -> size), the bytes it counts as used, the eviction policy, counters, and a small
 circuit breaker. A level whose tier raised is skipped for ``retry_s`` seconds, so a dead
 Redis costs one timeout, not one per request. Not thread-safe: the store holds its lock.
+
+Ownership: a private level (cpu, disk, or a remote tier with ``shared=False``) belongs to this
+store alone: its index is rebuilt from ``scan()`` at start and trimmed to the capacity, and
+eviction deletes. A shared level (Redis, S3 used by several nodes) is never scanned or trimmed:
+its index, used bytes and capacity cover only the blocks this store wrote since it started, and
+evicting one of them only stops tracking it. The shared server enforces the real budget (Redis
+``maxmemory`` + an eviction policy, a key TTL, an S3 lifecycle rule), so one node restarting
+with a small capacity never deletes blocks other nodes wrote.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from kvstore.policy import EvictionPolicy, make_policy
+from kvstore.eviction import EvictionPolicy, make_eviction_policy
 from tiers.base import Tier
 
 log = logging.getLogger(__name__)
@@ -20,10 +28,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LevelOptions:
-    policy: str = "lru"
+    eviction: str = "lru"  # name of the eviction policy (kvstore/eviction.py)
     write_through: bool = False  # copy every put here at once (shared remote tiers)
     admit_min_hits: int = 0  # spill here only blocks hit >= N times; others are dropped
-    shared: bool = False  # other nodes write here: consult the tier on index misses
+    shared: bool = False  # other nodes use this tier: consult it on index misses; never scan/trim it
 
 
 @dataclass
@@ -51,10 +59,10 @@ class Level:
     leaving_bytes: int = 0
     down_until: float = 0.0
     last_error: str = ""
-    policy: EvictionPolicy = field(init=False)
+    eviction: EvictionPolicy = field(init=False)
 
     def __post_init__(self) -> None:
-        self.policy = make_policy(self.options.policy, self.tier.capacity_bytes)
+        self.eviction = make_eviction_policy(self.options.eviction, self.tier.capacity_bytes)
 
     @property
     def name(self) -> str:
@@ -83,30 +91,30 @@ class Level:
             self.remove(key)
         self.index[key] = size
         self.used += size
-        self.policy.on_insert(key, size)
+        self.eviction.on_insert(key, size)
 
     def remove(self, key: bytes) -> int | None:
         size = self.index.pop(key, None)
         if size is None:
             return None
         self.used -= size
-        self.policy.on_remove(key)
+        self.eviction.on_remove(key)
         if key in self.leaving:
             self.leaving.discard(key)
             self.leaving_bytes -= size
         return size
 
     def touch(self, key: bytes) -> None:
-        self.policy.on_access(key)
+        self.eviction.on_access(key)
 
     def pick_victims(self, size: int) -> list[tuple[bytes, int]]:
         """Mark victims as leaving until ``size`` more bytes fit. They stay readable meanwhile."""
         out: list[tuple[bytes, int]] = []
         while self.used - self.leaving_bytes + size > self.capacity:
-            key = self.policy.victim()
+            key = self.eviction.victim()
             if key is None:
                 break
-            self.policy.on_remove(key)
+            self.eviction.on_remove(key)
             vsize = self.index.get(key)
             if vsize is None or key in self.leaving:
                 continue
@@ -116,8 +124,8 @@ class Level:
         return out
 
     def rebuild(self) -> None:
-        """Index a persistent tier's contents from ``scan()`` (after a restart, even a SIGKILL)."""
-        if not self.tier.persistent:
+        """Index a persistent private tier's contents from ``scan()`` (after a restart, even a SIGKILL)."""
+        if not self.tier.persistent or self.options.shared:
             return
         try:
             for key, size in self.tier.scan():

@@ -2,7 +2,8 @@
 
 Counters and usage are kept by the store itself (one source of truth, also used by the Stats
 RPC); a custom collector turns ``store.stats()`` into metric families at scrape time. Only the
-latency histograms are observed as events happen, through the store's Observer hook.
+latency histograms and the count of corrupt blocks (by tier and reason) are observed as events
+happen, through the store's Observer hook.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -38,7 +39,7 @@ class _StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         st = self._store.stats()
         gauges = {
-            "used_bytes": GaugeMetricFamily("tierkv_tier_used_bytes", "Bytes held by the tier", labels=["tier"]),
+            "used_bytes": GaugeMetricFamily("tierkv_tier_used_bytes", "Bytes the store tracks in the tier (shared tier: its own writes)", labels=["tier"]),
             "capacity_bytes": GaugeMetricFamily("tierkv_tier_capacity_bytes", "Configured bytes", labels=["tier"]),
             "blocks": GaugeMetricFamily("tierkv_tier_blocks", "Blocks held by the tier", labels=["tier"]),
             "available": GaugeMetricFamily("tierkv_tier_available", "1 unless the tier is being skipped", labels=["tier"]),
@@ -71,6 +72,10 @@ class StoreMetrics:
             "tierkv_tier_write_seconds", "Latency of one block write to a tier", ["tier"],
             registry=self.registry, buckets=_LAT_BUCKETS,
         )  # fmt: skip
+        self._corrupt = Counter(
+            "tierkv_tier_corrupt_blocks", "Blocks read from a tier below the top that failed verification "
+            "(reason: checksum, format, key) and were deleted from it", ["tier", "reason"], registry=self.registry,
+        )  # fmt: skip
         self._http: Any = None
 
     def read(self, tier: str, nbytes: int, seconds: float) -> None:
@@ -78,6 +83,9 @@ class StoreMetrics:
 
     def write(self, tier: str, nbytes: int, seconds: float) -> None:
         self._write.labels(tier).observe(seconds)
+
+    def corrupt(self, tier: str, reason: str) -> None:
+        self._corrupt.labels(tier, reason).inc()
 
     def bind(self, store: TieredStore) -> None:
         """Expose the store's usage and counters (call once, after the store is built)."""

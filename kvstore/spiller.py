@@ -3,9 +3,10 @@
 Only this thread writes to levels below the top, which keeps each level's capacity accounting
 single-writer: it picks victims, moves them one level down (a new queued job), deletes them,
 and only then writes the new block, so a tier never holds more than its configured bytes.
-Victims stay readable while they move (``Level.leaving``, then ``Chain.pending``). A level
+Victims stay readable while they move (``Level.leaving``, then ``StoreState.pending``). A level
 that is down is skipped (the block goes on below); a level whose admission rule refuses the
-block drops it.
+block drops it. A victim of a shared level (Redis, S3) is copied down but not deleted from
+the shared server: other nodes may be reading it, and that server's own policy reclaims it.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import logging
 import threading
 import time
 
-from kvstore.chain import Chain, Job
 from kvstore.spill_queue import ByteBoundedQueue
+from kvstore.store_state import Job, StoreState
 
 log = logging.getLogger(__name__)
 
 
 class Spiller:
-    def __init__(self, chain: Chain, max_bytes: int) -> None:
-        self._c = chain
+    def __init__(self, state: StoreState, max_bytes: int) -> None:
+        self._c = state
         self._queue: ByteBoundedQueue[Job] = ByteBoundedQueue(max_bytes, lambda j: len(j.value))
         self._thread = threading.Thread(target=self._work, name="tierkv-spill", daemon=True)
         self._thread.start()
@@ -57,7 +58,7 @@ class Spiller:
                 self._queue.task_done()
 
     def _still_wanted(self, job: Job) -> bool:
-        return self._c.pending.get(job.key) is job if job.move else self._c.locate(job.key) is not None
+        return self._c.pending.get(job.key) is job if job.move else self._c.holds(job.key)
 
     def _land(self, job: Job) -> None:
         """Write a queued block into its target level (or below, if that level is down)."""
@@ -110,8 +111,9 @@ class Spiller:
             if lv.remove(vkey) is None:  # deleted meanwhile
                 return
             lv.counters.evictions += 1
-            if raw is not None and self._c.locate(vkey) is None:
+            if raw is not None and not self._c.holds(vkey):
                 jobs = self._c.move_down(vkey, bytes(raw), i + 1)
             self._c.forget_if_gone(vkey)
-        self._c.guard(lv, lambda: lv.tier.delete(vkey))
+        if not lv.options.shared:  # a shared server's own policy (maxmemory, TTL) reclaims it
+            self._c.guard(lv, lambda: lv.tier.delete(vkey))
         self.submit(jobs, force=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 
@@ -42,6 +41,9 @@ class Observer(Protocol):
 
     def write(self, tier: str, nbytes: int, seconds: float) -> None: ...
 
+    def corrupt(self, tier: str, reason: str) -> None:
+        """A block read from ``tier`` failed verification (kvstore.block.block_fault) and was deleted."""
+
 
 class NullObserver:
     def read(self, tier: str, nbytes: int, seconds: float) -> None:
@@ -50,18 +52,5 @@ class NullObserver:
     def write(self, tier: str, nbytes: int, seconds: float) -> None:
         pass
 
-
-class BlockStore(Protocol):
-    """What both the embedded TieredStore and the daemon's KVStoreClient offer a connector."""
-
-    def lookup(self, keys: Sequence[bytes]) -> LookupResult: ...
-
-    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]: ...
-
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
-
-    def read_many(self, keys: Sequence[bytes], sink: Callable[[int, memoryview], None]) -> list[bool]: ...
-
-    def delete_many(self, keys: Sequence[bytes]) -> int: ...
-
-    def stats(self) -> StoreStats: ...
+    def corrupt(self, tier: str, reason: str) -> None:
+        pass

@@ -38,7 +38,7 @@ def build_tier(tc: TierConfig) -> Tier:
 
 def level_options(tc: TierConfig) -> LevelOptions:
     return LevelOptions(
-        policy=tc.policy, write_through=tc.write_through, admit_min_hits=tc.admit_min_hits, shared=tc.shared
+        eviction=tc.eviction, write_through=tc.write_through, admit_min_hits=tc.admit_min_hits, shared=tc.shared
     )
 
 

@@ -16,8 +16,15 @@ Why this shape:
   blocks are dropped when they would spill there.
 - A tier that raises is counted and skipped for a while (Level.fail): reads fall through to
   the next level, writes go on below. The store never lets a tier error escape.
-- The index of a persistent tier is rebuilt from ``tier.scan()`` at start, so the disk tier
-  is found again after a restart (even after SIGKILL).
+- The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
+  tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
+  scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
+- A block read below the top is verified (``block_fault``) before it is served or promoted; a
+  bad one is deleted from that tier, reported to the observer and is a miss there (the top holds
+  only blocks the daemon validated on their way in).
+- Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
+  run a view points into until the view is dropped, queued blocks are immutable, lower tiers
+  return copies.
 """
 
 from __future__ import annotations
@@ -27,10 +34,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from kvstore.chain import Chain, Job, own
+from kvstore.block import block_fault
 from kvstore.errors import StoreClosed
 from kvstore.level import Level, LevelOptions
 from kvstore.spiller import Spiller
+from kvstore.store_state import Job, StoreState, frozen_copy
 from kvstore.store_types import LookupResult, Observer, StoreStats, TierStats
 from tiers.base import Buffer, Tier
 from tiers.errors import BlockTooLarge
@@ -50,17 +58,17 @@ class TieredStore:
     ) -> None:
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
-        self._chain = Chain([Level(t, o, retry_s=tier_retry_s) for t, o in levels], observer)
-        self.levels = self._chain.levels
+        self._state = StoreState([Level(t, o, retry_s=tier_retry_s) for t, o in levels], observer)
+        self.levels = self._state.levels
         self.promote_on_hit = promote_on_hit
-        self._obs = self._chain.obs
-        self._lock = self._chain.lock
-        self._pending = self._chain.pending
-        self._hits = self._chain.hits
+        self._obs = self._state.obs
+        self._lock = self._state.lock
+        self._pending = self._state.pending
+        self._hits = self._state.hits
         self._closed = False
         for lv in self.levels:
             lv.rebuild()
-        self._spill = Spiller(self._chain, spill_queue_bytes)
+        self._spill = Spiller(self._state, spill_queue_bytes)
 
     # -- public API --------------------------------------------------------------------
     def put(self, key: bytes, value: Buffer) -> bool:
@@ -70,22 +78,21 @@ class TieredStore:
             self._check_open()
             if len(data) > self.max_block_bytes:
                 raise BlockTooLarge(f"block of {len(data)} bytes exceeds every tier")
-            if self._chain.locate(key) is not None:
+            if self._state.holds(key):
                 return False
             jobs = self._insert_top(key, data)
-            jobs += [Job(key, own(data), i, False) for i, lv in enumerate(self.levels) if i > 0
+            jobs += [Job(key, frozen_copy(data), i, False) for i, lv in enumerate(self.levels) if i > 0
                      and lv.options.write_through and lv.available() and key not in lv.index]  # fmt: skip
         self._spill.submit(jobs)
         return True
 
-    def put_many(self, items: Sequence[tuple[bytes, Buffer]]) -> list[bool]:
-        return [self.put(k, v) for k, v in items]
-
     def read(self, key: bytes, sink: Callable[[memoryview], T]) -> T | None:
         """Call ``sink`` with the block's bytes (valid only during the call); None on a miss.
 
-        The top tier's bytes are passed without a copy (under the store lock), which lets the
-        daemon copy a block straight into shared memory.
+        The top tier's bytes are passed without a copy, which lets the daemon copy a block
+        straight into shared memory. ``sink`` runs without the store lock, so readers copy in
+        parallel; the view stays valid and unchanged during the call even if the block is
+        deleted or evicted meanwhile (its source is pinned).
         """
         result: list[T] = []
 
@@ -98,24 +105,6 @@ class TieredStore:
     def get(self, key: bytes) -> bytes | None:
         return self.read(key, bytes)
 
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return [self.get(k) for k in keys]
-
-    def read_many(self, keys: Sequence[bytes], sink: Callable[[int, memoryview], None]) -> list[bool]:
-        """``sink(i, view)`` for each block found (view valid during the call only)."""
-        found = [False] * len(keys)
-        for i, k in enumerate(keys):
-
-            def one(mv: memoryview, i: int = i) -> None:
-                found[i] = True
-                sink(i, mv)
-
-            self.read(k, one)
-        return found
-
-    def delete_many(self, keys: Sequence[bytes]) -> int:
-        return sum(1 for k in keys if self.delete(k))
-
     @property
     def max_block_bytes(self) -> int:
         """The largest block any level can hold; larger puts raise BlockTooLarge."""
@@ -127,9 +116,8 @@ class TieredStore:
         with self._lock:
             self._check_open()
             for k in keys:
-                loc = self._chain.locate(k)
-                if loc == -1:  # on its way down: report the level it is leaving
-                    loc = self._pending[k].target - 1
+                job = self._pending.get(k)  # on its way down: report the level it is leaving
+                loc = job.target - 1 if job is not None else self._state.first_level(k)
                 names.append(None if loc is None else self.levels[loc].name)
         for lv in self.levels:
             missing = [i for i, n in enumerate(names) if n is None]
@@ -158,13 +146,13 @@ class TieredStore:
                 if lv.remove(key) is not None:
                     found = True
                     if i == 0:
-                        self._chain.guard(lv, lambda lv=lv: lv.tier.delete(key))
+                        self._state.guard(lv, lambda lv=lv: lv.tier.delete(key))
                     else:
                         lower.append(lv)
                 elif i > 0 and lv.options.shared:
                     lower.append(lv)
         for lv in lower:
-            found = bool(self._chain.guard(lv, lambda lv=lv: lv.tier.delete(key))) or found
+            found = bool(self._state.guard(lv, lambda lv=lv: lv.tier.delete(key))) or found
         return found
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -207,7 +195,7 @@ class TieredStore:
         """Write into level 0, evicting to the spill queue (caller holds the lock)."""
         top = self.levels[0]
         if not top.available() or len(data) > top.capacity:
-            return self._chain.move_down(key, data, 1)
+            return self._state.move_down(key, data, 1)
         jobs: list[Job] = []
         for vkey, _ in top.pick_victims(len(data)):
             t0 = time.perf_counter()
@@ -222,51 +210,57 @@ class TieredStore:
             top.counters.evictions += 1
             if vdata is not None:
                 self._obs.read(top.name, len(vdata), time.perf_counter() - t0)
-                jobs += self._chain.move_down(vkey, vdata, 1)
-            self._chain.forget_if_gone(vkey)
+                jobs += self._state.move_down(vkey, vdata, 1)
+            self._state.forget_if_gone(vkey)
         t0 = time.perf_counter()
         try:
             top.tier.put(key, data)
         except Exception as e:  # noqa: BLE001
             top.fail(e)
-            return jobs + self._chain.move_down(key, data, 1)
+            return jobs + self._state.move_down(key, data, 1)
         top.add(key, len(data))
         top.counters.write_bytes += len(data)
         self._obs.write(top.name, len(data), time.perf_counter() - t0)
         return jobs
 
     def _find(self, key: bytes, consume: Callable[[memoryview], None]) -> bool:
-        """Read ``key`` from the fastest level holding it; falls through on tier errors."""
+        """Read ``key`` from the fastest level holding it; falls through on tier errors and bad blocks.
+
+        Bookkeeping happens under the lock, ``consume`` runs without it (see the module notes).
+        """
         start = 0
         for _ in range(2 * len(self.levels) + 2):
             with self._lock:
                 self._check_open()
-                loc = self._chain.locate(key, start)
-                if loc is None:
+                job = self._pending.get(key) if start == 0 else None
+                loc = None if job is not None else self._state.first_level(key, start)
+                if job is not None:  # on its way down: the queued bytes are immutable
+                    self.levels[job.target - 1].counters.hits += 1
+                    self._state.hit(key)
+                elif loc is None:
                     break
-                if loc == -1:
-                    src = self.levels[self._pending[key].target - 1]
-                    src.counters.hits += 1
-                    self._chain.hit(key)
-                    consume(memoryview(self._pending[key].value))
-                    return True
-                if loc == 0:
+                elif loc == 0:
                     top = self.levels[0]
                     t0 = time.perf_counter()
-                    raw = self._chain.guard(top, lambda top=top: top.tier.get(key))
-                    if raw is not None:
-                        top.touch(key)
-                        top.counters.hits += 1
-                        top.counters.read_bytes += len(raw)
-                        self._chain.hit(key)
-                        consume(memoryview(raw))
-                        self._obs.read(top.name, len(raw), time.perf_counter() - t0)
-                        return True
-                    start = 1
-                    continue
+                    top_view = self._state.guard(top, lambda top=top: top.tier.get(key))  # pins the bytes
+                    if top_view is None:
+                        start = 1
+                        continue
+                    top.touch(key)
+                    top.counters.hits += 1
+                    top.counters.read_bytes += len(top_view)
+                    self._state.hit(key)
+                    self._obs.read(top.name, len(top_view), time.perf_counter() - t0)
+            if job is not None:
+                consume(memoryview(job.value))
+                return True
+            if loc == 0:
+                consume(memoryview(top_view))
+                return True
+            assert loc is not None
             lv = self.levels[loc]
             t0 = time.perf_counter()
-            raw = self._chain.guard(lv, lambda lv=lv: lv.tier.get(key))
+            raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
             if raw is None:  # error (level now skipped), moved away meanwhile, or lost
                 with self._lock:
                     if lv.available() and key in lv.index and key not in lv.leaving:
@@ -275,6 +269,9 @@ class TieredStore:
                 continue
             data = bytes(raw)
             self._obs.read(lv.name, len(data), time.perf_counter() - t0)
+            if not self._intact(lv, key, data):
+                start = loc + 1
+                continue
             self._after_lower_hit(loc, key, data, from_index=True)
             consume(memoryview(data))
             return True
@@ -285,15 +282,31 @@ class TieredStore:
         for i, lv in enumerate(self.levels):
             if not lv.options.shared or not lv.available() or i == 0:
                 continue
-            raw = self._chain.guard(lv, lambda lv=lv: lv.tier.get(key))
-            if raw is not None:
-                data = bytes(raw)
+            raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
+            if raw is not None and self._intact(lv, key, data := bytes(raw)):
                 self._after_lower_hit(i, key, data, from_index=False)
                 consume(memoryview(data))
                 return True
         with self._lock:
             for lv in self.levels:
                 lv.counters.misses += 1
+        return False
+
+    def _intact(self, lv: Level, key: bytes, data: bytes) -> bool:
+        """Verify a block read from a level below the top; delete it from that tier if it is bad.
+
+        A corrupt block is deleted even from a shared tier: it is no use to any node, and left
+        there it would keep answering lookups, so a fresh copy would never be written.
+        """
+        reason = block_fault(data, key)
+        if reason is None:
+            return True
+        log.warning("tier %s: block %s failed verification (%s): deleted", lv.name, key.hex()[:16], reason)
+        with self._lock:
+            lv.remove(key)
+            self._state.forget_if_gone(key)
+        self._state.guard(lv, lambda: lv.tier.delete(key))
+        self._obs.corrupt(lv.name, reason)
         return False
 
     def _after_lower_hit(self, loc: int, key: bytes, data: bytes, from_index: bool) -> None:
@@ -306,11 +319,12 @@ class TieredStore:
             lv.counters.read_bytes += len(data)
             for upper in self.levels[:loc]:
                 upper.counters.misses += 1
-            self._chain.hit(key)
-            now = self._chain.locate(key)
-            if self.promote_on_hit and not self._closed and (now is None and not from_index or (now or 0) > 0):
+            self._state.hit(key)
+            now = self._state.first_level(key)
+            deleted_meanwhile = now is None and from_index
+            at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
+            if self.promote_on_hit and not self._closed and not at_top and not deleted_meanwhile:
                 if len(data) <= self.levels[0].capacity and self.levels[0].available():
                     lv.counters.promotions += 1
                     jobs = self._insert_top(key, data)
         self._spill.submit(jobs)
-

@@ -88,8 +88,8 @@ def tier_factory(tier_kind: str, request: pytest.FixtureRequest, tmp_path: Path)
     yield factory
     for tier in made:
         try:
-            keys = [k for k, _ in tier.scan()]
-            tier.delete_many(keys)
+            for key, _ in list(tier.scan()):
+                tier.delete(key)
         except Exception:  # noqa: BLE001 - already closed by the test, or its server is gone
             pass
         tier.close()

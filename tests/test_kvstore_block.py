@@ -80,3 +80,15 @@ def test_encode_rejects_inconsistent_input() -> None:
         encode_block(KEY, np.array(["a"], dtype=object))
     with pytest.raises(BlockFormatError):
         encode_block(b"", _arr())
+
+
+def test_block_fault_names_the_reason() -> None:
+    from kvstore.block import block_fault
+
+    enc = encode_block(KEY, _arr(), layout="LTHD")
+    assert block_fault(enc, KEY) is None
+    bad = bytearray(enc)
+    bad[-1] ^= 0xFF
+    assert block_fault(bad, KEY) == "checksum"
+    assert block_fault(enc[:-8], KEY) == "format" and block_fault(b"not a block", KEY) == "format"
+    assert block_fault(enc, bytes(16)) == "key"

@@ -32,7 +32,7 @@ def test_cli_flags() -> None:
     cfg = load_config(
         ["--cpu", "4GiB", "--disk", "/data/kv:100GiB", "--s3", "s3://bucket/pre/fix", "--s3-endpoint",
          "http://127.0.0.1:8333", "--s3-admit-hits", "2", "--redis", "redis://127.0.0.1:6379",
-         "--redis-cluster", "--listen", "127.0.0.1:7000", "--metrics-port", "9400", "--policy", "s3fifo"],
+         "--redis-cluster", "--listen", "127.0.0.1:7000", "--metrics-port", "9400", "--eviction", "s3fifo"],
         env={"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"},
     )  # fmt: skip
     t = {x.kind: x for x in cfg.tiers}
@@ -41,19 +41,19 @@ def test_cli_flags() -> None:
     assert t["s3"].admit_min_hits == 2 and t["s3"].access_key_id == "AK" and "SK" not in repr(t["s3"])
     assert t["redis"].cluster and t["redis"].write_through and t["redis"].shared
     assert cfg.listen == "127.0.0.1:7000" and cfg.metrics_port == 9400
-    assert {x.policy for x in cfg.tiers} == {"s3fifo"}
+    assert {x.eviction for x in cfg.tiers} == {"s3fifo"}
 
 
 def test_precedence_yaml_env_cli(tmp_path: Path) -> None:
     f = tmp_path / "kv.yaml"
     f.write_text(yaml.safe_dump({
         "listen": "127.0.0.1:1111", "metrics_port": 9000, "spill_queue_bytes": "64MiB", "promote_on_hit": False,
-        "tiers": [{"kind": "cpu", "capacity": "2GiB", "policy": "arc"},
+        "tiers": [{"kind": "cpu", "capacity": "2GiB", "eviction": "arc"},
                   {"kind": "disk", "path": "/yaml/disk", "capacity": "10GiB", "admit_min_hits": 1}],
     }))  # fmt: skip
     cfg = load_config(["--config", str(f)], env={})
     assert cfg.listen == "127.0.0.1:1111" and cfg.spill_queue_bytes == 64 << 20 and not cfg.promote_on_hit
-    assert cfg.tiers[0].policy == "arc" and cfg.tiers[1].admit_min_hits == 1
+    assert cfg.tiers[0].eviction == "arc" and cfg.tiers[1].admit_min_hits == 1
     env = {"TIERKV_CONFIG": str(f), "TIERKV_LISTEN": "127.0.0.1:2222", "TIERKV_CPU": "1GiB"}
     cfg = load_config([], env=env)
     assert cfg.listen == "127.0.0.1:2222" and cfg.tiers[0].capacity_bytes == 1 << 30
@@ -70,7 +70,7 @@ def test_validation(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         TierConfig("s3", 1, url="http://not-s3")
     with pytest.raises(ConfigError):
-        TierConfig("cpu", 1, policy="mru")
+        TierConfig("cpu", 1, eviction="mru")
     with pytest.raises(ConfigError):
         StoreConfig(tiers=())
     with pytest.raises(ConfigError):

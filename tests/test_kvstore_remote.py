@@ -30,7 +30,9 @@ def _k(i: int) -> bytes:
 
 
 def _v(i: int) -> bytes:
-    return (i.to_bytes(4, "little") * (BLOCK // 4))[:BLOCK]
+    """An encoded block of exactly BLOCK bytes: the store verifies what it reads below the top."""
+    payload = np.frombuffer((i.to_bytes(4, "little") * (BLOCK // 4))[: BLOCK - 64], dtype=np.uint8)
+    return encode_block(_k(i), payload)
 
 
 @pytest.fixture

@@ -1,5 +1,8 @@
 """TieredStore over real tiers (cpu arena + lmdb disk): spill, promote, capacity, admission,
-error skipping, and the index rebuilt from disk after a restart."""
+error skipping, and the index rebuilt from disk after a restart.
+
+Values are encoded blocks (kvstore/block.py) of exactly BLOCK bytes: the store verifies every
+block it reads below the top tier, as the daemon stores nothing else."""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from kvstore.block import encode_block
 from kvstore.level import LevelOptions
 from kvstore.tiered_store import TieredStore
 from tiers.cpu import CpuTier
@@ -23,7 +28,11 @@ def _k(i: int) -> bytes:
 
 
 def _v(i: int, size: int = BLOCK) -> bytes:
-    return (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
+    """A block of ``size`` bytes in all (a 64-byte header for a 16-byte key, then the payload)."""
+    payload = np.frombuffer((i.to_bytes(4, "little") * (size // 4))[: size - 64], dtype=np.uint8)
+    blk = encode_block(_k(i), payload)
+    assert len(blk) == size
+    return blk
 
 
 def _store(tmp: Path, cpu_blocks: int = 4, disk_blocks: int = 64, **kw: object) -> TieredStore:
@@ -54,7 +63,7 @@ def test_spill_to_disk_and_capacity(tmp_path: Path) -> None:
         s.flush()
         cpu, disk = s.stats().tiers
         assert cpu.blocks == 4 and disk.blocks == 8
-        assert disk.used_bytes <= disk.capacity_bytes and s.levels[1].tier.used_bytes() <= disk.capacity_bytes
+        assert disk.used_bytes <= disk.capacity_bytes and sum(n for _, n in s.levels[1].tier.scan()) <= disk.capacity_bytes
         assert disk.spills == 16 and cpu.evictions == 16 and disk.evictions == 8 and disk.dropped == 8
         res = s.lookup([_k(i) for i in range(12, 20)])
         assert res.prefix_len == 8
@@ -97,7 +106,7 @@ def test_block_too_large_and_delete(tmp_path: Path) -> None:
     with _store(tmp_path, cpu_blocks=2, disk_blocks=4) as s:
         with pytest.raises(BlockTooLarge):
             s.put(_k(0), b"x" * (5 * BLOCK))
-        big = b"y" * (3 * BLOCK)  # fits disk only: written below
+        big = _v(1, 3 * BLOCK)  # fits disk only: written below
         assert s.put(_k(1), big)
         s.flush()
         assert s.lookup([_k(1)]).tiers == ["disk"] and s.get(_k(1)) == big
@@ -173,7 +182,7 @@ def test_concurrent_put_get(tmp_path: Path) -> None:
 
 def test_no_hit_count_leak_and_policies(tmp_path: Path) -> None:
     for policy in ("s3fifo", "arc"):
-        opts = LevelOptions(policy=policy)
+        opts = LevelOptions(eviction=policy)
         with TieredStore([(CpuTier(4 * BLOCK), opts), (DiskTier(tmp_path / policy, 8 * BLOCK), opts)]) as s:
             for i in range(40):
                 s.put(_k(i), _v(i))
@@ -207,21 +216,20 @@ def test_metrics_registry_per_store(tmp_path: Path) -> None:
         s2.close()
 
 
-def test_read_many_zero_copy_into_a_pool(tmp_path: Path) -> None:
-    import numpy as np
-
+def test_read_zero_copy_into_a_pool(tmp_path: Path) -> None:
     with _store(tmp_path, cpu_blocks=2) as s:
         for i in range(4):
             s.put(_k(i), _v(i))
         s.flush()
         pool = np.zeros((5, BLOCK), dtype=np.uint8)
 
-        def into(i: int, mv: memoryview) -> None:
+        def into(i: int, mv: memoryview) -> bool:
             pool[i] = np.frombuffer(mv, dtype=np.uint8)
+            return True
 
-        assert s.read_many([_k(i) for i in range(5)], into) == [True] * 4 + [False]
+        assert [s.read(_k(i), lambda mv, i=i: into(i, mv)) for i in range(5)] == [True] * 4 + [None]
         assert all(pool[i].tobytes() == _v(i) for i in range(4))
-        assert s.delete_many([_k(0), _k(9)]) == 1
+        assert s.delete(_k(0)) and not s.delete(_k(9))
 
 
 def test_block_lost_behind_the_stores_back_is_a_miss(tmp_path: Path) -> None:

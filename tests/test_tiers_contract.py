@@ -1,8 +1,8 @@
 """The Tier contract, run against every tier on real servers (cpu, disk, s3, redis, redis-cluster).
 
 Why a contract: the TieredStore treats tiers as interchangeable byte stores, so each one must
-agree on misses (None), overwrite semantics, batched results in key order, ``used_bytes`` and
-``scan`` (used to rebuild the index after a restart), binary keys, and what ``close`` means.
+agree on misses (None), overwrite semantics, ``contains_many`` in key order, ``scan`` with sizes
+(used to rebuild the index after a restart), binary keys, and what ``close`` means.
 """
 
 from __future__ import annotations
@@ -27,13 +27,21 @@ def as_bytes(value: object) -> bytes | None:
     return None if value is None else bytes(value)  # type: ignore[call-overload]
 
 
+def has(tier: Tier, key: bytes) -> bool:
+    return tier.contains_many([key]) == [True]
+
+
+def stored_bytes(tier: Tier) -> int:
+    return sum(n for _, n in tier.scan())
+
+
 def test_round_trip_large_values(tier: Tier) -> None:
     values = {f"key-{i}".encode(): blob(n, i) for i, n in enumerate(SIZES)}
     for k, v in values.items():
         tier.put(k, v)
     for k, v in values.items():
         assert as_bytes(tier.get(k)) == v
-        assert tier.contains(k)
+        assert has(tier, k)
 
 
 def test_overwrite_replaces_value_and_size(tier: Tier) -> None:
@@ -41,55 +49,51 @@ def test_overwrite_replaces_value_and_size(tier: Tier) -> None:
     small = blob(MiB // 2, 2)
     tier.put(b"k", small)
     assert as_bytes(tier.get(b"k")) == small
-    assert tier.used_bytes() == len(small)
     assert list(tier.scan()) == [(b"k", len(small))]
 
 
 def test_miss_returns_none(tier: Tier) -> None:
     assert tier.get(b"absent") is None
-    assert not tier.contains(b"absent")
+    assert not has(tier, b"absent")
     assert tier.delete(b"absent") is False
-    assert tier.get_many([b"absent", b"also-absent"]) == [None, None]
 
 
 def test_delete(tier: Tier) -> None:
     tier.put(b"gone", blob(MiB, 3))
     tier.put(b"kept", blob(MiB, 4))
     assert tier.delete(b"gone") is True
-    assert tier.get(b"gone") is None and not tier.contains(b"gone")
+    assert tier.get(b"gone") is None and not has(tier, b"gone")
     assert tier.delete(b"gone") is False
     assert as_bytes(tier.get(b"kept")) == blob(MiB, 4)
 
 
-def test_batched_variants(tier: Tier) -> None:
-    items = [(f"b{i}".encode(), blob(SIZES[i % 3], 10 + i)) for i in range(6)]
-    tier.put_many(items)
-    keys = [k for k, _ in items]
-    got = tier.get_many([keys[0], b"missing", *keys[1:]])
-    assert as_bytes(got[1]) is None
-    assert [as_bytes(g) for g in got[:1] + got[2:]] == [v for _, v in items]
+def test_contains_many_in_key_order(tier: Tier) -> None:
+    keys = [f"b{i}".encode() for i in range(6)]
+    for i, k in enumerate(keys):
+        tier.put(k, blob(SIZES[i % 3], 10 + i))
     assert tier.contains_many([b"missing", keys[3]]) == [False, True]
-    assert tier.delete_many([keys[0], b"missing", keys[5]]) == 2
+    tier.delete(keys[0])
+    tier.delete(keys[5])
     assert tier.contains_many(keys) == [False, True, True, True, True, False]
-    tier.put_many([])
-    assert tier.get_many([]) == [] and tier.contains_many([]) == [] and tier.delete_many([]) == 0
+    assert tier.contains_many([]) == []
 
 
-def test_used_bytes_accounting(tier: Tier) -> None:
-    assert tier.used_bytes() == 0
-    tier.put(b"a", blob(MiB, 20))
-    tier.put_many([(b"b", blob(MiB // 2, 21)), (b"c", blob(2 * MiB, 22))])
-    assert tier.used_bytes() == MiB + MiB // 2 + 2 * MiB
+def test_scan_sizes_follow_overwrites_and_deletes(tier: Tier) -> None:
+    assert stored_bytes(tier) == 0
+    for k, n, seed in ((b"a", MiB, 20), (b"b", MiB // 2, 21), (b"c", 2 * MiB, 22)):
+        tier.put(k, blob(n, seed))
+    assert stored_bytes(tier) == MiB + MiB // 2 + 2 * MiB
     tier.put(b"a", blob(1000, 23))  # overwrite shrinks
-    assert tier.used_bytes() == 1000 + MiB // 2 + 2 * MiB
+    assert dict(tier.scan()) == {b"a": 1000, b"b": MiB // 2, b"c": 2 * MiB}
     tier.delete(b"c")
-    tier.delete_many([b"b", b"zz"])
-    assert tier.used_bytes() == 1000
+    tier.delete(b"b")
+    assert dict(tier.scan()) == {b"a": 1000}
 
 
 def test_scan_lists_keys_and_sizes(tier: Tier) -> None:
     expected = {f"s{i}".encode(): SIZES[i % 3] for i in range(5)}
-    tier.put_many((k, blob(n, i)) for i, (k, n) in enumerate(expected.items()))
+    for i, (k, n) in enumerate(expected.items()):
+        tier.put(k, blob(n, i))
     tier.delete(b"s4")
     del expected[b"s4"]
     assert dict(tier.scan()) == expected
@@ -102,8 +106,8 @@ def test_binary_keys(tier: Tier) -> None:
     for i, k in enumerate(keys):
         assert as_bytes(tier.get(k)) == blob(1000 + i, 30 + i)
     assert sorted(k for k, _ in tier.scan()) == sorted(keys)
-    assert tier.delete(b"a*b?[c]\\d") and not tier.contains(b"a*b?[c]\\d")
-    assert tier.contains(b"\x00")
+    assert tier.delete(b"a*b?[c]\\d") and not has(tier, b"a*b?[c]\\d")
+    assert has(tier, b"\x00")
 
 
 def test_accepts_any_buffer(tier: Tier) -> None:
@@ -114,13 +118,13 @@ def test_accepts_any_buffer(tier: Tier) -> None:
     assert as_bytes(tier.get(b"ba")) == raw
     assert as_bytes(tier.get(b"mv")) == raw[10:]
     assert as_bytes(tier.get(b"np")) == raw
-    assert tier.used_bytes() == 3 * MiB - 10
+    assert stored_bytes(tier) == 3 * MiB - 10
 
 
 def test_empty_value(tier: Tier) -> None:
     tier.put(b"empty", b"")
     assert as_bytes(tier.get(b"empty")) == b""
-    assert tier.contains(b"empty")
+    assert has(tier, b"empty")
     assert dict(tier.scan()) == {b"empty": 0}
 
 
@@ -128,9 +132,7 @@ def test_block_larger_than_capacity(tier_factory) -> None:  # type: ignore[no-un
     small = tier_factory(capacity_bytes=MiB)
     with pytest.raises(BlockTooLarge):
         small.put(b"big", blob(MiB + 1, 50))
-    with pytest.raises(BlockTooLarge):
-        small.put_many([(b"ok", b"x"), (b"big", blob(MiB + 1, 50))])
-    small.delete(b"ok")  # tiers may or may not have stored the items before the bad one
+    assert small.get(b"big") is None
     small.put(b"fits", blob(MiB, 51))
     assert as_bytes(small.get(b"fits")) == blob(MiB, 51)
 
@@ -139,8 +141,8 @@ def test_close_is_idempotent_and_final(tier: Tier) -> None:
     tier.put(b"k", b"v")
     tier.close()
     tier.close()
-    for op in (lambda: tier.get(b"k"), lambda: tier.put(b"k", b"v"), lambda: tier.contains(b"k"),
-               lambda: tier.delete(b"k"), tier.used_bytes, lambda: list(tier.scan())):
+    for op in (lambda: tier.get(b"k"), lambda: tier.put(b"k", b"v"), lambda: tier.contains_many([b"k"]),
+               lambda: tier.delete(b"k"), lambda: list(tier.scan())):
         with pytest.raises(TierError):
             op()
 
@@ -173,8 +175,8 @@ def test_capacity_is_reusable(tier_factory) -> None:  # type: ignore[no-untyped-
         for i, k in enumerate(keys):
             small.put(k, blob(MiB - 64 * i, rnd * 10 + i))
             assert small.get(k) is not None  # drop the returned view at once
-        assert small.delete_many(keys) == 4
-    assert small.used_bytes() == 0
+        assert [small.delete(k) for k in keys] == [True] * 4
+    assert stored_bytes(small) == 0
 
 
 # -- options of one tier kind (not part of the shared contract) -----------------------------
@@ -187,10 +189,9 @@ def test_redis_ttl_is_applied(redis_url: str) -> None:
 
     with RedisTier(redis_url, MiB, ttl_s=30, prefix=b"ttl-test:") as t:
         t.put(b"k", b"v")
-        t.put_many([(b"k2", b"v")])
         plain = redis.Redis.from_url(redis_url)
-        assert 0 < plain.ttl(b"ttl-test:k") <= 30 and 0 < plain.ttl(b"ttl-test:k2") <= 30
-        t.delete_many([b"k", b"k2"])
+        assert 0 < plain.ttl(b"ttl-test:k") <= 30
+        t.delete(b"k")
         plain.close()
 
 
@@ -201,12 +202,13 @@ def test_s3_contents_found_again_by_a_new_instance(s3_endpoint) -> None:  # type
     args = (ep.url, "tierkv-tests", 16 * MiB)
     kw = dict(prefix="reopen/", access_key=ep.access_key, secret_key=ep.secret_key, region=ep.region)
     with S3Tier(*args, **kw) as t:
-        t.put_many([(b"a", blob(MiB, 70)), (b"b", b"xyz")])
+        t.put(b"a", blob(MiB, 70))
+        t.put(b"b", b"xyz")
     with S3Tier(*args, **kw) as t:
         assert dict(t.scan()) == {b"a": MiB, b"b": 3}
-        assert t.used_bytes() == MiB + 3
         assert as_bytes(t.get(b"a")) == blob(MiB, 70)
-        t.delete_many([b"a", b"b"])
+        t.delete(b"a")
+        t.delete(b"b")
 
 
 def test_concurrent_use_keeps_values_intact(tier: Tier) -> None:
@@ -236,4 +238,4 @@ def test_concurrent_use_keeps_values_intact(tier: Tier) -> None:
     for th in threads:
         th.join()
     assert bad == []
-    assert tier.used_bytes() == sum(n for _, n in tier.scan())
+    assert all(n == len(values[int(k[1:])]) for k, n in tier.scan())

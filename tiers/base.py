@@ -1,18 +1,19 @@
-"""The narrow interface every storage tier implements.
+"""The narrow interface every storage tier implements: what the TieredStore calls, and no more.
 
 A tier is a dumb byte store keyed by ``bytes`` keys. It does not evict by itself: the
 TieredStore (kvstore/) owns capacity accounting, eviction policy and spilling, and asks
 the tier to ``put``/``delete``. ``scan`` lets the store rebuild its index after a restart
 (disk, S3 and Redis keep their contents; cpu does not).
 
-Batched variants default to loops over the single-key calls; a tier overrides them
-when it can do better (one lmdb transaction, one Redis pipeline, ...).
+The one batched call is ``contains_many``: the store's ``lookup`` asks a shared tier about many
+keys at once, which a remote tier answers in one round trip (a Redis pipeline) or in parallel
+(S3). Everything else the store does one block at a time.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 Buffer = bytes | bytearray | memoryview
 
@@ -28,7 +29,6 @@ class Tier(ABC):
             raise ValueError(f"{self.name}: capacity must be > 0, got {capacity_bytes}")
         self.capacity_bytes = int(capacity_bytes)
 
-    # -- single-key operations ------------------------------------------------
     @abstractmethod
     def put(self, key: bytes, value: Buffer) -> None:
         """Store ``value`` under ``key`` (overwrite allowed). Raises TierError on failure."""
@@ -38,36 +38,19 @@ class Tier(ABC):
         """Return the stored bytes, or None when absent. Raises TierError on failure."""
 
     @abstractmethod
-    def contains(self, key: bytes) -> bool: ...
-
-    @abstractmethod
     def delete(self, key: bytes) -> bool:
         """Remove ``key``; return whether it was present."""
 
     @abstractmethod
-    def close(self) -> None: ...
-
-    @abstractmethod
-    def used_bytes(self) -> int:
-        """Bytes of payload currently stored (as the tier counts them)."""
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is present, in order."""
 
     @abstractmethod
     def scan(self) -> Iterator[tuple[bytes, int]]:
         """Yield (key, size) of every stored block (used to rebuild indexes after restart)."""
 
-    # -- batched defaults -----------------------------------------------------
-    def put_many(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
-        for k, v in items:
-            self.put(k, v)
-
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | memoryview | None]:
-        return [self.get(k) for k in keys]
-
-    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
-        return [self.contains(k) for k in keys]
-
-    def delete_many(self, keys: Sequence[bytes]) -> int:
-        return sum(1 for k in keys if self.delete(k))
+    @abstractmethod
+    def close(self) -> None: ...
 
     def __enter__(self) -> Tier:
         return self

@@ -9,7 +9,7 @@ deleting or overwriting the key only *defers* reuse of those arena bytes until t
 dropped. A weakref (with callback) on the exporting numpy view tells the allocator when that
 happens; it costs ~1 us per get, against ~60 us to copy a 1 MB block.
 While bytes are held like that, a put that finds no free arena run falls back to a heap copy
-(counted in ``used_bytes`` like any other block), so callers never see a spurious "full";
+(counted against the capacity like any other block), so callers never see a spurious "full";
 the tier still refuses to hold more than its capacity in blocks.
 """
 
@@ -20,7 +20,7 @@ import sys
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,7 +158,7 @@ class CpuTier(Tier):
         """Reserve space under the lock, copy without it, then publish under it again.
 
         The copy (the only slow part) runs unlocked so concurrent gets are never held up behind
-        a multi-MB memcpy. Reserved bytes count in ``used_bytes`` from the start; a put that
+        a multi-MB memcpy. Reserved bytes count against the capacity from the start; a put that
         would take the tier past its capacity fails before touching the current value.
         """
         src = memoryview(value).cast("B") if not isinstance(value, bytes) else value
@@ -204,10 +204,10 @@ class CpuTier(Tier):
             self._leases[id(ref)] = (ref, blk)  # keeps ref alive, so its id stays unique
             return memoryview(view)
 
-    def contains(self, key: bytes) -> bool:
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         with self._lock:
             self._check_open()
-            return bytes(key) in self._blocks
+            return [bytes(k) in self._blocks for k in keys]
 
     def delete(self, key: bytes) -> bool:
         with self._lock:
@@ -218,11 +218,6 @@ class CpuTier(Tier):
                 return False
             self._retire(blk)
             return True
-
-    def used_bytes(self) -> int:
-        with self._lock:
-            self._check_open()
-            return self._used
 
     def scan(self) -> Iterator[tuple[bytes, int]]:
         with self._lock:

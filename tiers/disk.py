@@ -12,15 +12,15 @@ and it is fixed at open: resizing a live map is unsafe while other threads hold 
 The TieredStore keeps payload bytes under the capacity; the slack also absorbs a store that
 briefly overshoots. A map that still fills up is a TierError.
 
-Ownership: one process owns the environment (the daemon); ``used_bytes`` is kept in memory,
-seeded at open by a cursor walk that reads only value lengths.
+Ownership: one process owns the environment (the daemon). The store keeps the byte accounting
+(its index, rebuilt from ``scan`` at start); the tier keeps none of its own.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import lmdb
@@ -44,7 +44,7 @@ class DiskTier(Tier):
         super().__init__(capacity_bytes)
         self.path = Path(path)
         self.map_size = _round_pages(self.capacity_bytes * 2 + _HEADROOM)
-        self._lock = threading.Lock()  # one writer at a time, so the size tally follows commits
+        self._lock = threading.Lock()  # one write transaction at a time
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._env: lmdb.Environment | None = lmdb.open(
@@ -58,7 +58,6 @@ class DiskTier(Tier):
                 lock=True,
             )
             self._env.reader_check()  # clear slots of readers that died (e.g. SIGKILL)
-            self._used = self._measure()
         except (OSError, lmdb.Error) as e:
             raise TierUnavailable(self.name, f"cannot open lmdb at {self.path}: {e}") from e
 
@@ -68,35 +67,6 @@ class DiskTier(Tier):
             raise TierError(self.name, "tier is closed")
         return self._env
 
-    def _measure(self) -> int:
-        total = 0
-        with self._env_or_raise().begin(buffers=True) as txn:
-            for _, value in txn.cursor():
-                total += len(value)
-        return total
-
-    def _write(self, items: list[tuple[bytes, Buffer]]) -> None:
-        """Write ``items`` in one transaction (one fsync), all or nothing."""
-        try:
-            with self._lock:
-                self._used += self._write_txn(items)
-        except lmdb.MapFullError as e:
-            raise TierError(self.name, f"lmdb map full at {self.map_size} bytes: {e}") from e
-        except lmdb.Error as e:
-            raise TierError(self.name, f"write failed: {e}") from e
-
-    def _write_txn(self, items: list[tuple[bytes, Buffer]]) -> int:
-        delta = 0
-        with self._env_or_raise().begin(write=True, buffers=True) as txn:
-            cur = txn.cursor()
-            for key, value in items:
-                if cur.set_key(key):
-                    delta -= len(cur.value())
-                mv = memoryview(value)
-                txn.put(key, mv, overwrite=True)
-                delta += mv.nbytes
-        return delta
-
     def _check_size(self, value: Buffer) -> None:
         n = memoryview(value).nbytes
         if n > self.capacity_bytes:
@@ -104,15 +74,15 @@ class DiskTier(Tier):
 
     # -- Tier interface -------------------------------------------------------
     def put(self, key: bytes, value: Buffer) -> None:
+        """Write one block in one transaction (one fsync): all or nothing."""
         self._check_size(value)
-        self._write([(bytes(key), value)])
-
-    def put_many(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
-        batch = [(bytes(k), v) for k, v in items]
-        for _, v in batch:
-            self._check_size(v)
-        if batch:
-            self._write(batch)
+        try:
+            with self._lock, self._env_or_raise().begin(write=True) as txn:
+                txn.put(bytes(key), memoryview(value), overwrite=True)
+        except lmdb.MapFullError as e:
+            raise TierError(self.name, f"lmdb map full at {self.map_size} bytes: {e}") from e
+        except lmdb.Error as e:
+            raise TierError(self.name, f"write failed: {e}") from e
 
     def get(self, key: bytes) -> bytes | None:
         try:
@@ -121,20 +91,6 @@ class DiskTier(Tier):
                 return None if buf is None else bytes(buf)  # copy out before the txn ends
         except lmdb.Error as e:
             raise TierError(self.name, f"read failed: {e}") from e
-
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        try:
-            with self._env_or_raise().begin(buffers=True) as txn:
-                out: list[bytes | None] = []
-                for k in keys:
-                    buf = txn.get(k)
-                    out.append(None if buf is None else bytes(buf))
-                return out
-        except lmdb.Error as e:
-            raise TierError(self.name, f"read failed: {e}") from e
-
-    def contains(self, key: bytes) -> bool:
-        return self.contains_many([key])[0]
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         try:
@@ -145,26 +101,11 @@ class DiskTier(Tier):
             raise TierError(self.name, f"read failed: {e}") from e
 
     def delete(self, key: bytes) -> bool:
-        return self.delete_many([key]) == 1
-
-    def delete_many(self, keys: Sequence[bytes]) -> int:
-        removed = freed = 0
         try:
-            with self._lock, self._env_or_raise().begin(write=True, buffers=True) as txn:
-                cur = txn.cursor()
-                for k in keys:
-                    if cur.set_key(k):
-                        freed += len(cur.value())
-                        cur.delete()
-                        removed += 1
-            self._used -= freed
+            with self._lock, self._env_or_raise().begin(write=True) as txn:
+                return bool(txn.delete(bytes(key)))
         except lmdb.Error as e:
             raise TierError(self.name, f"delete failed: {e}") from e
-        return removed
-
-    def used_bytes(self) -> int:
-        self._env_or_raise()
-        return self._used
 
     def scan(self) -> Iterator[tuple[bytes, int]]:
         try:

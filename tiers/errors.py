@@ -19,6 +19,10 @@ class TierUnavailable(TierError):
     """The tier's backing server or device cannot be reached."""
 
 
+class TierAuthError(TierError):
+    """The tier's server refused our credentials (wrong password, key or signature)."""
+
+
 class BlockTooLarge(TierKVError):
     """A single block is larger than the tier (or the message limit) can ever hold."""
 

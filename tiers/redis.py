@@ -3,19 +3,21 @@
 Why these choices:
 - Keys are ``prefix + key`` (binary-safe), so several stores can share one server and ``scan``
   finds exactly our blocks with one escaped MATCH pattern.
-- Batched calls go through non-transactional pipelines: one round trip per batch on a single
-  server; redis-py's cluster pipeline splits per node, so the same code works on both.
-- ``used_bytes`` is computed from the server (SCAN + pipelined STRLEN), not a tally: with a TTL
-  Redis expires blocks behind our back and other nodes write to the same prefix, so only the
-  server knows. It costs O(blocks / 1000) round trips; the TieredStore keeps its own accounting
-  from ``scan`` and calls this for metrics only.
+- ``contains_many`` (the store's lookup) is one non-transactional pipeline: one round trip on a
+  single server; redis-py's cluster pipeline splits per node, so the same code works on both.
 - Short socket timeouts and a single reconnect attempt without backoff: a dead or hung server
-  becomes TierUnavailable in about ``socket_timeout_s``, never a hang.
+  becomes TierUnavailable in about ``socket_timeout_s``, never a hang. Refused credentials are
+  TierAuthError ("authentication failed"), not "cannot reach".
+- Budget: a Redis shared by several nodes enforces its own (``maxmemory`` + an eviction policy
+  such as ``allkeys-lru``, and/or ``ttl_s``); a server with neither is logged at start, since it
+  would grow until it runs out of memory. See kvstore/README.md, "Shared tiers".
+- The URL's password never appears in errors, logs or reprs (``redact_url``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
@@ -25,10 +27,11 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from tiers.base import Buffer, Tier
-from tiers.errors import BlockTooLarge, TierError, TierUnavailable
+from tiers.errors import BlockTooLarge, TierAuthError, TierError, TierUnavailable
+from tiers.redact import redact_url
 
+log = logging.getLogger(__name__)
 _UNREACHABLE = (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError, rex.RedisClusterException, OSError)
-_PIPELINE_BYTES = 64 << 20  # flush a put pipeline at this size so a big batch is not one huge buffer
 
 
 def _glob_escape(raw: bytes) -> bytes:
@@ -60,6 +63,7 @@ class RedisTier(Tier):
         if ttl_s is not None and ttl_s <= 0:
             raise ValueError(f"redis: ttl_s must be > 0, got {ttl_s}")
         self.ttl_s, self.prefix, self.cluster = ttl_s, bytes(prefix), cluster
+        self.where = redact_url(url)
         self._pattern = _glob_escape(self.prefix) + b"*"
         opts: dict[str, Any] = dict(
             socket_timeout=socket_timeout_s,
@@ -68,16 +72,33 @@ class RedisTier(Tier):
             socket_read_size=read_chunk_bytes,  # MB-sized replies: fewer recv calls than the 64 KiB default
         )
         self._r: Any = None
+
+        def connect() -> Any:
+            if cluster:  # connects at once, to discover the nodes
+                return RedisCluster.from_url(url, **opts)
+            return redis.Redis.from_url(url, health_check_interval=0, **opts)
+
         try:
-            if cluster:
-                self._r = RedisCluster.from_url(url, **opts)
-            else:
-                self._r = redis.Redis.from_url(url, health_check_interval=0, **opts)
-            self._r.ping()
-        except _UNREACHABLE as e:
-            raise TierUnavailable(self.name, f"cannot reach {url}: {e}") from e
-        except rex.RedisError as e:
-            raise TierError(self.name, f"{url}: {e}") from e
+            self._r = self._do(self.where, connect)
+        except ValueError as e:  # a malformed URL: the parser's message may quote the password
+            raise TierError(self.name, f"bad url {self.where} ({type(e).__name__})") from None
+        self._do(self.where, self._r.ping)
+        self._check_budget()
+
+    def __repr__(self) -> str:
+        return f"RedisTier({self.where!r}, capacity_bytes={self.capacity_bytes}, prefix={self.prefix!r})"
+
+    def _check_budget(self) -> None:
+        """Log when nothing bounds the server: no ``maxmemory`` and no TTL on our keys."""
+        if self.ttl_s is not None:
+            return
+        try:
+            cfg = self._r.config_get("maxmemory") if not self.cluster else {}
+        except rex.RedisError:  # CONFIG is often disabled on managed servers: nothing to check
+            return
+        if str(cfg.get("maxmemory", "")) == "0":
+            log.warning("redis at %s has no maxmemory and tierkv sets no TTL: shared blocks are never "
+                        "evicted; set maxmemory + maxmemory-policy allkeys-lru, or ttl_s", self.where)
 
     # -- helpers --------------------------------------------------------------
     def _k(self, key: bytes) -> bytes:
@@ -93,8 +114,14 @@ class RedisTier(Tier):
         """Run one call, mapping redis-py failures onto the tier's error types."""
         try:
             return fn(*args, **kw)
+        except rex.AuthenticationError as e:  # before _UNREACHABLE: it derives from ConnectionError
+            raise TierAuthError(self.name, f"{what}: authentication failed ({e})") from e
+        except rex.ResponseError as e:
+            if str(e).startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
+                raise TierAuthError(self.name, f"{what}: authentication failed ({e})") from e
+            raise TierError(self.name, f"{what}: {e}") from e
         except _UNREACHABLE as e:
-            raise TierUnavailable(self.name, f"{what}: {e}") from e
+            raise TierUnavailable(self.name, f"{what}: cannot reach the server: {e}") from e
         except rex.RedisError as e:
             raise TierError(self.name, f"{what}: {e}") from e
 
@@ -117,29 +144,8 @@ class RedisTier(Tier):
         self._check_size(len(body))
         self._cmd("set", self._k(key), body, ex=self.ttl_s)
 
-    def put_many(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
-        pipe, pending = self._pipe(), 0
-        for key, value in items:
-            body = self._body(value)
-            self._check_size(len(body))
-            pipe.set(self._k(key), body, ex=self.ttl_s)
-            pending += len(body)
-            if pending >= _PIPELINE_BYTES:
-                self._do("set(pipeline)", pipe.execute)
-                pipe, pending = self._pipe(), 0
-        self._do("set(pipeline)", pipe.execute)
-
     def get(self, key: bytes) -> bytes | None:
         return self._cmd("get", self._k(key))
-
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | memoryview | None]:
-        pipe = self._pipe()
-        for k in keys:
-            pipe.get(self._k(k))
-        return self._do("get(pipeline)", pipe.execute) if keys else []
-
-    def contains(self, key: bytes) -> bool:
-        return bool(self._cmd("exists", self._k(key)))
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         pipe = self._pipe()
@@ -149,15 +155,6 @@ class RedisTier(Tier):
 
     def delete(self, key: bytes) -> bool:
         return bool(self._cmd("delete", self._k(key)))
-
-    def delete_many(self, keys: Sequence[bytes]) -> int:
-        pipe = self._pipe()
-        for k in keys:
-            pipe.delete(self._k(k))
-        return sum(self._do("del(pipeline)", pipe.execute)) if keys else 0
-
-    def used_bytes(self) -> int:
-        return sum(size for _, size in self.scan())
 
     def scan(self) -> Iterator[tuple[bytes, int]]:
         """Keys under our prefix with their sizes (batches of SCAN, then one STRLEN pipeline each)."""

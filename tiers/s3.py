@@ -7,16 +7,17 @@ Why these choices:
   TierUnavailable within seconds so the store can fall through, never freeze the engine.
 - Checksums only when the API requires them: blocks carry their own checksum (block format), so
   hashing every multi-MB body again on both sides would only cost bandwidth.
-- ``used_bytes`` is an in-memory tally seeded from one listing at open. Other writers sharing the
-  prefix are not seen until the next open; ``contains``/``get`` always ask the server.
+- ``contains_many`` (the store's lookup) asks in parallel, one HEAD per key on a small pool.
+- Refused credentials are TierAuthError ("authentication failed"); the secret key lives only in
+  the boto3 client, never in a message or repr.
+- Budget: a bucket shared by several nodes is bounded by its own lifecycle rule (expire objects
+  under the prefix after N days); see kvstore/README.md, "Shared tiers".
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from typing import Any, TypeVar
 
 import boto3
@@ -24,7 +25,7 @@ import botocore.config
 import botocore.exceptions as bce
 
 from tiers.base import Buffer, Tier
-from tiers.errors import BlockTooLarge, TierError, TierUnavailable
+from tiers.errors import BlockTooLarge, TierAuthError, TierError, TierUnavailable
 
 _UNREACHABLE = (
     bce.EndpointConnectionError,
@@ -36,6 +37,7 @@ _UNREACHABLE = (
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
+_DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"}
 
 
 class S3Tier(Tier):
@@ -82,18 +84,28 @@ class S3Tier(Tier):
         self._closed = False
         if create_bucket:
             self._ensure_bucket()
-        # Same-key put/delete pairs are serialised (striped locks) so the server and the size
-        # tally agree on what this process wrote, whatever the thread interleaving.
-        self._stripes = [threading.Lock() for _ in range(64)]
-        self._sizes: dict[bytes, int] = dict(self._list())
 
     # -- helpers --------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"S3Tier(bucket={self.bucket!r}, prefix={self.prefix!r}, capacity_bytes={self.capacity_bytes})"
+
     def _call(self, what: str, fn: Callable[..., Any], /, **kw: Any) -> Any:
-        """Run one client call, mapping botocore failures onto the tier's error types."""
+        """Run one client call, mapping botocore failures onto the tier's error types.
+
+        A ClientError is re-raised as is (callers tell "missing" apart), except a refusal of
+        our credentials, which is TierAuthError.
+        """
         if self._closed:
             raise TierError(self.name, "tier is closed")
         try:
             return fn(**kw)
+        except bce.ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in _DENIED:
+                raise TierAuthError(self.name, f"{what} {self.bucket}: authentication failed ({code})") from e
+            raise
+        except bce.NoCredentialsError as e:
+            raise TierAuthError(self.name, f"{what}: authentication failed (no credentials)") from e
         except _UNREACHABLE as e:
             raise TierUnavailable(self.name, f"{what}: endpoint unreachable: {e}") from e
         except bce.BotoCoreError as e:
@@ -111,9 +123,6 @@ class S3Tier(Tier):
                 code = e2.response.get("Error", {}).get("Code")
                 if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                     raise TierError(self.name, f"cannot create bucket {self.bucket}: {e2}") from e2
-
-    def _stripe(self, key: bytes) -> int:
-        return hash(key) % len(self._stripes)  # in-process only, so hash() randomisation is fine
 
     def _obj(self, key: bytes) -> str:
         return self.prefix + bytes(key).hex()
@@ -150,15 +159,10 @@ class S3Tier(Tier):
         body = value if isinstance(value, bytes) else bytes(memoryview(value).cast("B"))
         if len(body) > self.capacity_bytes:
             raise BlockTooLarge(f"[s3] block of {len(body)} bytes exceeds capacity {self.capacity_bytes}")
-        with self._stripes[self._stripe(bytes(key))]:
-            try:
-                self._call("put", self._client.put_object, Bucket=self.bucket, Key=self._obj(key), Body=body)
-            except bce.ClientError as e:
-                raise TierError(self.name, f"put: {e}") from e
-            self._sizes[bytes(key)] = len(body)
-
-    def put_many(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
-        self._map_pool(lambda kv: self.put(*kv), list(items))
+        try:
+            self._call("put", self._client.put_object, Bucket=self.bucket, Key=self._obj(key), Body=body)
+        except bce.ClientError as e:
+            raise TierError(self.name, f"put: {e}") from e
 
     def get(self, key: bytes) -> bytes | None:
         try:
@@ -171,10 +175,7 @@ class S3Tier(Tier):
         except (bce.ReadTimeoutError, bce.ResponseStreamingError, OSError) as e:
             raise TierUnavailable(self.name, f"get: body read failed: {e}") from e
 
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | memoryview | None]:
-        return self._map_pool(self.get, list(keys))
-
-    def contains(self, key: bytes) -> bool:
+    def _contains(self, key: bytes) -> bool:
         try:
             self._call("head", self._client.head_object, Bucket=self.bucket, Key=self._obj(key))
             return True
@@ -184,35 +185,17 @@ class S3Tier(Tier):
             raise TierError(self.name, f"head: {e}") from e
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
-        return self._map_pool(self.contains, list(keys))
+        return self._map_pool(self._contains, list(keys))
 
     def delete(self, key: bytes) -> bool:
-        return self.delete_many([key]) == 1
-
-    def delete_many(self, keys: Sequence[bytes]) -> int:
-        """Delete in one DeleteObjects call; S3 does not say what existed, so HEAD first."""
-        keys = [bytes(k) for k in keys]
-        with ExitStack() as stack:
-            for i in sorted({self._stripe(k) for k in keys}):  # fixed order: no lock cycles
-                stack.enter_context(self._stripes[i])
-            present = [k for k, hit in zip(keys, self.contains_many(keys), strict=True) if hit]
-            for i in range(0, len(present), 1000):
-                chunk = present[i : i + 1000]
-                objs = {"Objects": [{"Key": self._obj(k)} for k in chunk], "Quiet": True}
-                try:
-                    resp = self._call("delete", self._client.delete_objects, Bucket=self.bucket, Delete=objs)
-                except bce.ClientError as e:
-                    raise TierError(self.name, f"delete: {e}") from e
-                if resp.get("Errors"):
-                    raise TierError(self.name, f"delete: {resp['Errors'][:3]}")
-            for k in present:
-                self._sizes.pop(k, None)
-        return len(present)
-
-    def used_bytes(self) -> int:
-        if self._closed:
-            raise TierError(self.name, "tier is closed")
-        return sum(self._sizes.values())
+        """S3's DELETE does not say whether the object existed, so HEAD first."""
+        if not self._contains(key):
+            return False
+        try:
+            self._call("delete", self._client.delete_object, Bucket=self.bucket, Key=self._obj(key))
+        except bce.ClientError as e:
+            raise TierError(self.name, f"delete: {e}") from e
+        return True
 
     def scan(self) -> Iterator[tuple[bytes, int]]:
         return self._list()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.policy import ARCPolicy, LRUPolicy, S3FIFOPolicy, make_policy
+from kvstore.eviction import ARCPolicy, LRUPolicy, S3FIFOPolicy, make_eviction_policy
 
 
 def _k(i: int) -> bytes:
@@ -26,7 +26,7 @@ def test_lru_order() -> None:
 
 def _simulate(policy_name: str, capacity: int, trace: list[int]) -> int:
     """Hits of a block cache of ``capacity`` unit-size blocks driven by the policy."""
-    p = make_policy(policy_name, capacity)
+    p = make_eviction_policy(policy_name, capacity)
     held: set[int] = set()
     hits = 0
     for x in trace:
@@ -60,7 +60,7 @@ def test_s3fifo_resists_one_hit_scans() -> None:
 
 @pytest.mark.parametrize("name", ["lru", "s3fifo", "arc"])
 def test_every_policy_drains(name: str) -> None:
-    p = make_policy(name, 100)
+    p = make_eviction_policy(name, 100)
     for i in range(50):
         p.on_insert(_k(i), 2)
         if i % 3 == 0:
@@ -84,4 +84,4 @@ def test_arc_keeps_frequent() -> None:
 
 def test_unknown_policy() -> None:
     with pytest.raises(ValueError):
-        make_policy("mru", 10)
+        make_eviction_policy("mru", 10)

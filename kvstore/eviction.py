@@ -192,12 +192,12 @@ class ARCPolicy(EvictionPolicy):
         return len(self._t1) + len(self._t2)
 
 
-POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUPolicy, "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUPolicy, "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}
 
 
-def make_policy(name: str, capacity_bytes: int) -> EvictionPolicy:
+def make_eviction_policy(name: str, capacity_bytes: int) -> EvictionPolicy:
     try:
-        cls = POLICIES[name.lower().replace("-", "").replace("_", "")]
+        cls = EVICTION_POLICIES[name.lower().replace("-", "").replace("_", "")]
     except KeyError:
-        raise ValueError(f"unknown eviction policy {name!r}; choose from {sorted(POLICIES)}") from None
+        raise ValueError(f"unknown eviction policy {name!r}; choose from {sorted(EVICTION_POLICIES)}") from None
     return cls(capacity_bytes)

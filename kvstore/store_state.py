@@ -1,8 +1,10 @@
-"""State shared by the TieredStore's front (client calls) and back (the spill worker).
+"""StoreState: what the TieredStore's front (client calls) and back (the spill worker) share.
 
-Both halves work on the same levels, the same lock, and the same map of blocks on their way
-down (``pending``: a block that left a level stays readable from here until it has landed in
-the next one, so it is never missing in between).
+Both halves work on the same levels, under the same lock, with the same map of blocks on their
+way down (``pending``: a block that left a level stays readable from here until it has landed
+in the next one, so it is never missing in between) and the same per-key hit counts (for
+admission). The lock guards this bookkeeping only: bytes are copied outside it (reads pin
+their source instead, see TieredStore._find).
 """
 
 from __future__ import annotations
@@ -24,16 +26,16 @@ class Job:
     key: bytes
     value: bytes
     target: int
-    move: bool  # True: the block left the level above (tracked in _pending); False: a copy
+    move: bool  # True: the block left the level above (tracked in ``pending``); False: a copy
 
 
-def own(data: Buffer) -> bytes:
+def frozen_copy(data: Buffer) -> bytes:
     """An immutable copy (no copy for bytes): queued blocks must not change under us."""
     return data if isinstance(data, bytes) else bytes(data)
 
 
-class Chain:
-    """The ordered levels, their lock, blocks in flight and per-key hit counts (for admission)."""
+class StoreState:
+    """The ordered levels, their lock, blocks in flight and per-key hit counts."""
 
     def __init__(self, levels: list[Level], observer: Observer | None = None) -> None:
         self.levels = levels
@@ -51,14 +53,16 @@ class Chain:
                 lv.fail(e)
             return None
 
-    def locate(self, key: bytes, start: int = 0) -> int | None:
-        """First level >= start that holds key (by index); -1 when it is in the spill queue."""
-        if start == 0 and key in self.pending:
-            return -1
+    def first_level(self, key: bytes, start: int = 0) -> int | None:
+        """Index of the first available level >= ``start`` whose index holds ``key``."""
         for i in range(start, len(self.levels)):
             if self.levels[i].has(key):
                 return i
         return None
+
+    def holds(self, key: bytes) -> bool:
+        """Whether some level, or the spill queue, holds ``key`` (caller holds the lock)."""
+        return key in self.pending or self.first_level(key) is not None
 
     def move_down(self, key: bytes, data: Buffer, target: int) -> list[Job]:
         """Queue ``key`` to spill into ``target`` (caller holds the lock)."""
@@ -66,7 +70,7 @@ class Chain:
             self.levels[-1].counters.dropped += 1
             self.forget_if_gone(key)
             return []
-        job = Job(key, own(data), target, True)
+        job = Job(key, frozen_copy(data), target, True)
         self.pending[key] = job
         return [job]
 
@@ -78,5 +82,5 @@ class Chain:
 
         Without this the counts of every key ever seen would pile up: a slow leak.
         """
-        if self.locate(key) is None:
+        if not self.holds(key):
             self.hits.pop(key, None)
