@@ -154,7 +154,7 @@ def run(quick: bool, disk_dir: str | None = None) -> Iterator[tuple[str, dict[st
     CPU from the redis figures on a 2-core machine; the daemon reuses the running redis."""
     blocks = make_blocks(16 if quick else 48)
     reps = 15 if quick else 31  # cheap (one pass is ~20-60 MB) and the machine is shared: many reps
-    cold_reps = 5 if quick else 9
+    cold_reps = 9 if quick else 15  # cold passes are noisy (one device, shared)
 
     def step(name: str, fn: Callable[[], dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         print(f"measuring {name}...", file=sys.stderr, flush=True)
