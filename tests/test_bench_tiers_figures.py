@@ -212,10 +212,12 @@ def test_bench_disk_reports_cold_figures_from_a_real_drop(tmp_path):
     _direct_or_skip(probe).close()
     out = bench_disk(make_blocks(3), reps=2, tmp=tmp_path, cold_reps=2)
     for key in ("ratio", "paired_ratio", "cold_ratio", "cold_gbps", "cold_direct_gbps", "cold_direct1_gbps",
-                "cold_direct4_gbps", "cold_lmdb_gbps", "cold_verified"):
+                "cold_direct4_gbps", "cold_lmdb_gbps", "cold_baseline_gbps", "cold_direct_ratio", "cold_verified"):
         assert key in out, key
     assert out["resident_after_drop_max"] <= 0.05
     assert out["cold_ratio"] > 0 and out["ratio"] > 0
+    # the cold ratio is against the fastest baseline, never a slower one
+    assert out["cold_baseline_gbps"] == max(out[k] for k in ("cold_direct1_gbps", "cold_direct4_gbps", "cold_lmdb_gbps"))
 
 
 # -- the daemon section, end to end on a real daemon and Redis (tiny plan) ------------------
