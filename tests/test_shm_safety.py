@@ -69,7 +69,7 @@ class InProcessDaemon:
 def inprocess_daemon(sessions: ShmSessions | None = None, workers: int = 8) -> Iterator[InProcessDaemon]:
     cfg = StoreConfig(tiers=(TierConfig("cpu", 64 * 1024**2),), listen="127.0.0.1:0", workers=workers)
     store = WrappedStore(TieredStore([(CpuTier(64 * 1024**2), LevelOptions())]))
-    sessions = sessions or ShmSessions()
+    sessions = ShmSessions() if sessions is None else sessions
     server = grpc.server(ThreadPoolExecutor(max_workers=workers), options=grpc_options(cfg))
     pb_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, cfg, sessions), server)  # type: ignore[arg-type]
     port = server.add_insecure_port("127.0.0.1:0")
