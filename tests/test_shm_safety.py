@@ -51,6 +51,9 @@ class WrappedStore:
             self.on_read(key)
         return self.inner.read(key, sink)
 
+    def get(self, key: bytes) -> bytes | None:  # the streamed Get path
+        return self.read(key, bytes)
+
     def put(self, key: bytes, value: Any) -> bool:
         if self.on_put is not None:
             self.on_put(key)
