@@ -44,12 +44,15 @@ def _expected_dtype(dtype: torch.dtype) -> str:
 class _PageCopier:
     """Copies a block's payload into a pool page and verifies what was copied."""
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, in_place: bool | None = None) -> None:
+        """``in_place``: verify inside the pool (default: when the pool is in host memory)."""
         self.pool = pool
         self._shape = (1, *pool.block_shape())
         self._stage: torch.Tensor | None = None
         self._pages: np.ndarray | None = None
-        if pool.device.type == "cpu":  # bytes of the pool, [layers, 2, pages, ...] (see KVPool)
+        if in_place is None:
+            in_place = pool.device.type == "cpu"
+        if in_place:  # the pool's bytes, [layers, 2, pages, page_size, heads, head_dim * itemsize]
             self._pages = pool.kv.view(torch.uint8).numpy()
         else:
             self._stage = torch.empty(pool.bytes_per_page, dtype=torch.uint8, pin_memory=torch.cuda.is_available())

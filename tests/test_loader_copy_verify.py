@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from connector.loader import Loader
+from connector.loader import Loader, _PageCopier
 from engine.kv_pool import KVPool
 from kvstore.block import encode_block
 from kvstore.client import KVStoreClient
@@ -65,6 +65,20 @@ def test_load_copies_then_verifies(tiny, use_shm: bool) -> None:
         res = loader.load(keys, pages, deadline_s=WAIT_S)
         assert (res.pages_ok, res.failure) == (2, "checksum")  # the changed page never counts
         for p, a in zip(pages[:2], arrays[:2], strict=True):
+            assert np.array_equal(_page(pool, p), a)
+
+
+def test_staged_copy_for_an_accelerator_pool(tiny) -> None:
+    """The path a GPU pool takes (copy into host staging, verify it, upload), run on CPU."""
+    pool = _pool(tiny)
+    keys, arrays, items = _blocks(pool)
+    with inprocess_daemon() as d, KVStoreClient(d.address) as c:
+        c.put_many(items)
+        loader = Loader(c, pool, chunk_bytes=2 * pool.bytes_per_page)  # two chunks
+        loader._copier = _PageCopier(pool, in_place=False)
+        res = loader.load(keys, [5, 4, 3, 2], deadline_s=WAIT_S)
+        assert (res.pages_ok, res.failure) == (PAGES, "")
+        for p, a in zip([5, 4, 3, 2], arrays, strict=True):
             assert np.array_equal(_page(pool, p), a)
 
 

@@ -221,3 +221,27 @@ def test_put_stores_the_daemons_own_copy() -> None:
             assert c.get_many([victim[0]], copy=True) == [victim[1]]
         finally:
             c.close()
+
+
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "stream"])
+def test_held_call_does_not_stall_another_client(use_shm: bool) -> None:
+    """The server runs independent clients' calls side by side: while one client's Get is held
+    inside the daemon, another client's calls complete (the held one is released only after)."""
+    with inprocess_daemon() as d:
+        held, other = block("held", 1.0), block("other", 2.0)
+        with KVStoreClient(d.address, use_shm=use_shm) as a, KVStoreClient(d.address, use_shm=use_shm) as b:
+            a.put_many([held, other])
+            gate = Gate(held[0])
+            d.store.on_read = gate
+            result: list[Any] = []
+            t = threading.Thread(target=lambda: result.append(a.get(held[0], copy=True)))
+            t.start()
+            try:
+                assert gate.entered.wait(WAIT_S)
+                assert b.get(other[0], copy=True) == other[1]
+                assert b.put_many([block("more", 3.0)]) == [True]
+                assert b.lookup([held[0], other[0]]).prefix_len == 2
+            finally:
+                gate.release.set()
+                t.join(WAIT_S)
+            assert result == [held[1]]
