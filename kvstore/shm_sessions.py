@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvstore.errors import ResourceExhausted, ShmSessionLost
 from kvstore.shm import HEADER_BYTES, ShmSegment
+from tiers.errors import ConfigError
 
 PROC = Path("/proc")
 DEFAULT_MAX_BYTES = 4 * 1024**3  # shared memory a daemon maps at once (32 default client segments)
@@ -66,7 +67,8 @@ class ShmSessions:
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_sessions: int = 64,
                  reap_interval_s: float = 2.0) -> None:  # fmt: skip
         if max_bytes <= HEADER_BYTES or max_sessions < 1 or reap_interval_s <= 0:
-            raise ValueError("ShmSessions: max_bytes, max_sessions and reap_interval_s must be positive")
+            raise ConfigError(f"shared-memory bound of {max_bytes} bytes, {max_sessions} sessions, "
+                              f"reap every {reap_interval_s} s: each must be positive")
         self.max_bytes, self._max, self._interval = max_bytes, max_sessions, reap_interval_s
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._mapped = 0  # bytes of every session not yet unmapped, dropped ones in use included

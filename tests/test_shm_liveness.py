@@ -14,16 +14,19 @@ from pathlib import Path
 import pytest
 
 from kvstore.client import KVStoreClient
+from kvstore.errors import ShmSessionLost
 from kvstore.shm import HEADER_BYTES, SHM_DIR, ShmSegment
 from kvstore.shm_sessions import ShmSessions
 from tests.test_kvstore_daemon import Daemon
 from tests.test_shm_safety import WAIT_S, block, inprocess_daemon
+from tiers.errors import ConfigError
 
 SEG = 1 << 20  # client segment data bytes in these tests
 
 CLIENT = """
 import sys, time
 from kvstore.client import KVStoreClient
+from kvstore.errors import ShmSessionLost
 from tests.test_shm_safety import block
 clients = [KVStoreClient(sys.argv[1], use_shm=True, shm_bytes=1 << 20) for _ in range(2)]
 for i, c in enumerate(clients):
@@ -83,7 +86,7 @@ def test_dead_pid_is_reaped_at_the_next_attach() -> None:
         _, seg = _attach(sessions, os.getpid())
         held.append(seg)
         assert len(sessions) == 1 and sessions.mapped_bytes == seg.size
-        with pytest.raises(Exception, match="attach again"):
+        with pytest.raises(ShmSessionLost, match="attach again"):
             with sessions.use(sid):
                 pass
         # a pid reused by another process does not keep a dead client's session: start time differs
@@ -111,6 +114,8 @@ def test_dropped_session_stays_mapped_until_its_call_ends() -> None:
 
 
 def test_byte_bound_refuses_attach_and_client_streams() -> None:
+    with pytest.raises(ConfigError, match="shared-memory bound"):
+        ShmSessions(max_bytes=0)
     limit = 2 * (HEADER_BYTES + SEG)
     with inprocess_daemon(ShmSessions(max_bytes=limit)) as d:
         k, v = block("bounded", 5.0)
