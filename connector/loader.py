@@ -2,9 +2,12 @@
 
 Blocks are fetched in chunks (one Get per ``chunk_bytes``) so that a deadline or a failure
 keeps the contiguous prefix that already arrived. Every block is checked before it may feed
-attention: checksum, key, dtype and shape; the first bad or missing block ends the usable prefix
-(the rest is recomputed). On the shared-memory path a block is copied once, from the segment the
-daemon wrote into its pool page.
+attention: key, dtype and shape from a private copy of its header, then the checksum of the
+payload *as copied*; the first bad or missing block ends the usable prefix (the rest is
+recomputed). Copy first, verify the copy: on the shared-memory path the source is a segment that
+other writers can reach, so bytes verified there could differ from the bytes then copied. A block
+is still copied once (segment -> pool page, verified in place; on an accelerator: segment ->
+pinned host staging, verified there, then uploaded).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import numpy as np
 import torch
 
 from engine.kv_pool import KVPool
-from kvstore.block import decode_block
+from kvstore.block import BlockHeader, read_header, verify_payload
 from kvstore.client import KVStoreClient
-from kvstore.errors import BlockFormatError, KVStoreError
+from kvstore.errors import BlockFormatError, KVStoreError, KVStoreTimeout
 from kvstore.keys import BlockKey
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,37 @@ def _expected_dtype(dtype: torch.dtype) -> str:
     return np.dtype(str(dtype).removeprefix("torch.")).str
 
 
+class _PageCopier:
+    """Copies a block's payload into a pool page and verifies what was copied."""
+
+    def __init__(self, pool: KVPool, in_place: bool | None = None) -> None:
+        """``in_place``: verify inside the pool (default: when the pool is in host memory)."""
+        self.pool = pool
+        self._shape = (1, *pool.block_shape())
+        self._stage: torch.Tensor | None = None
+        self._pages: np.ndarray | None = None
+        if in_place is None:
+            in_place = pool.device.type == "cpu"
+        if in_place:  # the pool's bytes, [layers, 2, pages, page_size, heads, head_dim * itemsize]
+            self._pages = pool.kv.view(torch.uint8).numpy()
+        else:
+            self._stage = torch.empty(pool.bytes_per_page, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+
+    def copy(self, page: int, header: BlockHeader, payload: memoryview) -> None:
+        """Raises ChecksumError if the copy does not match (the page then holds garbage: the
+        caller does not count it, and the pages from the first bad one on are recomputed)."""
+        if self._pages is not None:
+            self.pool.write_pages([page], torch.frombuffer(payload, dtype=self.pool.dtype).view(self._shape))
+            layers = self._pages.shape[0]
+            verify_payload(header, (self._pages[layer, kv, page] for layer in range(layers) for kv in (0, 1)))
+            return
+        assert self._stage is not None
+        staged = self._stage.numpy()
+        staged[:] = np.frombuffer(payload, dtype=np.uint8)
+        verify_payload(header, [staged])
+        self.pool.write_pages([page], self._stage.view(self.pool.dtype).view(self._shape))
+
+
 class Loader:
     def __init__(self, client: KVStoreClient, pool: KVPool, chunk_bytes: int) -> None:
         self.client = client
@@ -45,6 +79,7 @@ class Loader:
         self.chunk_pages = max(1, chunk_bytes // pool.bytes_per_page)
         self._shape = pool.block_shape()
         self._dtype = _expected_dtype(pool.dtype)
+        self._copier = _PageCopier(pool)
         self.throttle_bps = 0.0  # > 0: a bandwidth test double, every chunk also waits bytes / this
 
     def _throttle(self, n_blocks: int, left: float) -> None:
@@ -79,23 +114,22 @@ class Loader:
             def sink(i: int, mv: memoryview, start: int = start, chunk: list = chunk, good: list = good,
                      bad: list = bad) -> None:
                 try:
-                    blk = decode_block(mv, verify=True)
+                    hdr = read_header(mv)
+                    if hdr.key != chunk[i] or hdr.shape != self._shape or hdr.dtype != self._dtype \
+                            or hdr.payload_len != self.pool.bytes_per_page:
+                        bad.append(f"mismatch: key/shape {hdr.shape}/dtype {hdr.dtype}")
+                        return
+                    self._copier.copy(pages[start + i], hdr, mv[hdr.size :])
                 except BlockFormatError as e:  # ChecksumError included
                     bad.append(f"checksum: {e}")
                     return
-                if blk.key != chunk[i] or blk.shape != self._shape or blk.dtype.str != self._dtype:
-                    bad.append(f"mismatch: key/shape {blk.shape}/dtype {blk.dtype.str}")
-                    return
-                payload = bytearray(blk.payload) if blk.payload.readonly else blk.payload
-                src = torch.frombuffer(payload, dtype=self.pool.dtype).view(1, *self._shape)
-                self.pool.write_pages([pages[start + i]], src)
                 good[i] = True
 
             self.client.deadline_s = left
             try:
                 self.client.read_many(chunk, sink)
             except KVStoreError as e:
-                failure = "deadline" if "DEADLINE" in str(e) else "unavailable"
+                failure = "deadline" if isinstance(e, KVStoreTimeout) else "unavailable"
                 log.info("load chunk at page %d failed (%s): %s", start, failure, e)
                 break
             n = next((i for i, g in enumerate(good) if not g), len(good))

@@ -24,8 +24,10 @@ memoryview (and a numpy view) into the buffer it was given.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from math import prod
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -137,15 +139,34 @@ def encode_block(
     return bytes(out)
 
 
-def decode_block(buf: bytes | bytearray | memoryview, verify: bool = True) -> Block:
-    """Parse ``buf`` into a Block whose payload is a view of ``buf`` (zero copy).
+class BlockHeader(NamedTuple):
+    """A block's header, parsed from a private copy of its bytes (``raw``)."""
 
-    Raises BlockFormatError for a malformed/truncated block, ChecksumError for corruption.
+    raw: bytes
+    key: bytes
+    dtype: str  # numpy dtype string as written, not yet checked against ALLOWED_DTYPES
+    shape: tuple[int, ...]
+    layout: str
+    payload_len: int
+    checksum: int
+
+    @property
+    def size(self) -> int:
+        return len(self.raw)
+
+
+def read_header(buf: bytes | bytearray | memoryview) -> BlockHeader:
+    """Copy and parse the header of the encoded block ``buf`` (whose length must match it).
+
+    The header is copied before it is parsed, so a buffer that others can write (shared memory)
+    cannot change it between the checks and the use; check the payload with ``verify_payload``.
     """
     mv = memoryview(buf).cast("B") if not isinstance(buf, bytes) else memoryview(buf)
     if mv.nbytes < _FIXED.size:
         raise BlockFormatError(f"truncated block: {mv.nbytes} bytes < header")
-    magic, version, ndim, dlen, klen, llen, plen, checksum = _FIXED.unpack_from(mv, 0)
+    _, _, ndim, dlen, klen, llen, _, _ = _FIXED.unpack_from(bytes(mv[: _FIXED.size]))
+    raw = bytes(mv[: header_size(klen, ndim, dlen, llen)])
+    magic, version, ndim, dlen, klen, llen, plen, checksum = _FIXED.unpack_from(raw)
     if magic != MAGIC:
         raise BlockFormatError(f"bad magic {bytes(magic)!r}")
     if version != VERSION:
@@ -153,26 +174,44 @@ def decode_block(buf: bytes | bytearray | memoryview, verify: bool = True) -> Bl
     if ndim > MAX_NDIM or klen == 0 or klen > MAX_KEY_LEN or llen > MAX_LAYOUT_LEN or dlen > 16:
         raise BlockFormatError("corrupt header fields")
     hsize = header_size(klen, ndim, dlen, llen)
-    if mv.nbytes != hsize + plen:
+    if hsize != len(raw) or mv.nbytes != hsize + plen:
         raise BlockFormatError(f"block of {mv.nbytes} bytes, header says {hsize + plen}")
     off = _FIXED.size
-    shape = struct.unpack_from(f"<{ndim}Q", mv, off)
+    shape = struct.unpack_from(f"<{ndim}Q", raw, off)
     off += 8 * ndim
-    dts = bytes(mv[off : off + dlen]).decode("ascii", errors="replace")
+    dts = raw[off : off + dlen].decode("ascii", errors="replace")
     off += dlen
-    key = bytes(mv[off : off + klen])
+    key = raw[off : off + klen]
     off += klen
-    layout = bytes(mv[off : off + llen]).decode("utf-8", errors="replace")
-    payload = mv[hsize:]
+    layout = raw[off : off + llen].decode("utf-8", errors="replace")
+    return BlockHeader(raw, key, dts, tuple(shape), layout, plen, checksum)
+
+
+def verify_payload(header: BlockHeader, parts: Iterable[Payload]) -> None:
+    """Raise ChecksumError unless ``parts`` (the payload, in order, possibly in pieces such as a
+    KV pool page's per-layer slices) match the header's checksum."""
+    raw = header.raw
+    h = xxhash.xxh3_64(raw[:_CHECKSUM_OFFSET] + b"\0" * 8 + raw[_FIXED.size :])
+    for p in parts:
+        h.update(p)
+    if h.intdigest() != header.checksum:
+        raise ChecksumError(f"checksum mismatch for block {header.key.hex()[:16]}")
+
+
+def decode_block(buf: bytes | bytearray | memoryview, verify: bool = True) -> Block:
+    """Parse ``buf`` into a Block whose payload is a view of ``buf`` (zero copy).
+
+    Raises BlockFormatError for a malformed/truncated block, ChecksumError for corruption.
+    """
+    mv = memoryview(buf).cast("B") if not isinstance(buf, bytes) else memoryview(buf)
+    hdr = read_header(mv)
+    payload = mv[hdr.size :]
     if verify:
-        h = xxhash.xxh3_64(bytes(mv[:_CHECKSUM_OFFSET]) + b"\0" * 8 + bytes(mv[_FIXED.size : hsize]))
-        h.update(payload)
-        if h.intdigest() != checksum:
-            raise ChecksumError(f"checksum mismatch for block {key.hex()[:16]}")
-    dt = _norm_dtype(dts)
-    if plen != prod(shape) * dt.itemsize:
-        raise BlockFormatError(f"payload {plen} bytes != shape {shape} x {dt.itemsize}")
-    return Block(key=key, dtype=dt, shape=tuple(shape), layout=layout, payload=payload)
+        verify_payload(hdr, [payload])
+    dt = _norm_dtype(hdr.dtype)
+    if hdr.payload_len != prod(hdr.shape) * dt.itemsize:
+        raise BlockFormatError(f"payload {hdr.payload_len} bytes != shape {hdr.shape} x {dt.itemsize}")
+    return Block(key=hdr.key, dtype=dt, shape=hdr.shape, layout=hdr.layout, payload=payload)
 
 
 def peek_key(buf: bytes | bytearray | memoryview) -> bytes:

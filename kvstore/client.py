@@ -1,14 +1,16 @@
 """Python client of the kvstore daemon: deadlines, retries with backoff, batching, and the
 same-host shared-memory path (``use_shm=None`` = try it, fall back to streaming).
 
-Errors are typed: an unreachable daemon raises KVStoreUnavailable within roughly
-``retry.attempts x deadline_s`` at worst (refused connections fail in milliseconds), never hangs;
-a refused request raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's
-message.
+Errors are typed at this boundary, before any retry decision (as redis-py does): gRPC's
+UNAVAILABLE becomes KVStoreUnavailable and DEADLINE_EXCEEDED KVStoreTimeout (both retried, so a
+call gives up within roughly ``retry.attempts x deadline_s``, never hangs); a refused request
+raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's message; a lost
+shared-memory session (ShmSessionLost) is re-attached and retried here.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
@@ -22,8 +24,10 @@ from kvstore.errors import (
     ChecksumError,
     InvalidRequest,
     KVStoreError,
+    KVStoreTimeout,
     KVStoreUnavailable,
     ResourceExhausted,
+    ShmSessionLost,
 )
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
@@ -33,17 +37,18 @@ from kvstore.store_types import LookupResult, StoreStats, TierStats
 from tiers.base import Buffer
 
 T = TypeVar("T")
-_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+RETRY_ON = (KVStoreUnavailable, KVStoreTimeout)  # transport failures; every call is idempotent
 
 
-class _StaleSession(Exception):
-    """The daemon forgot our shm session (restarted): attach a fresh segment and retry."""
-
-
-def _translate(e: grpc.RpcError) -> KVStoreError:
+def translate(e: grpc.RpcError) -> KVStoreError:
+    """The typed error for a gRPC status (the one place that looks at status codes)."""
     code, msg = e.code(), e.details() or ""
-    if code in _RETRY_CODES:
-        return KVStoreUnavailable(f"daemon unavailable ({code.name}): {msg}")
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return KVStoreUnavailable(f"daemon unavailable: {msg}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return KVStoreTimeout(f"daemon did not answer within the deadline: {msg}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return ShmSessionLost(msg)
     if code == grpc.StatusCode.DATA_LOSS:
         return ChecksumError(msg)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -51,6 +56,13 @@ def _translate(e: grpc.RpcError) -> KVStoreError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(msg)
     return KVStoreError(f"{code.name}: {msg}")
+
+
+def _typed(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except grpc.RpcError as e:
+        raise translate(e) from None
 
 
 class KVStoreClient:
@@ -78,46 +90,54 @@ class KVStoreClient:
         )
         self._stub = pb_grpc.KVStoreStub(self._channel)
         self._shm_required = use_shm is True
-        self._shm = ShmPool(shm_bytes, self._attach)
+        self._shm = ShmPool(shm_bytes, self._attach, self._detach)
         self._shm.enabled = use_shm is not False
+        self._detaching: set[grpc.Future] = set()
 
     # -- plumbing ------------------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:
+        """Run one logical call: gRPC errors typed first, then transport failures retried with
+        backoff; a lost shared-memory session is re-attached at once (it is not a failure)."""
+
         def once() -> T:
             for _ in range(3):
                 try:
-                    return fn()
-                except _StaleSession:
-                    continue  # the retry attaches a fresh segment
+                    return _typed(fn)
+                except ShmSessionLost:
+                    continue  # the handle was abandoned: the next try attaches a fresh segment
             raise KVStoreError("shared-memory sessions keep going stale")
 
-        try:
-            return self.retry.call(
-                once, lambda e: isinstance(e, grpc.RpcError) and e.code() in _RETRY_CODES
-            )
-        except grpc.RpcError as e:
-            raise _translate(e) from None
+        return self.retry.call(once, retry_on=RETRY_ON)
 
     def _attach(self, seg: ShmSegment) -> str | None:
-        req = pb.AttachShmRequest(name=seg.name, size=seg.size, token=seg.token)
+        req = pb.AttachShmRequest(name=seg.name, size=seg.size, token=seg.token, pid=os.getpid())
         resp = self._stub.AttachShm(req, timeout=self.deadline_s)
         if not resp.ok and self._shm_required:
             raise KVStoreError(f"shared memory refused by the daemon: {resp.reason}")
         return resp.session if resp.ok else None
 
-    def _with_shm(self, rpc: Callable[[Handle | None], T]) -> T:
-        handle = self._shm.acquire()
+    def _detach(self, session: str) -> None:
+        """Ask the daemon to drop a session, without waiting (it may still be busy with it)."""
         try:
-            return rpc(handle)
-        except grpc.RpcError as e:
-            if handle is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                self._shm.discard_all(handle)
-                handle = None
-                raise _StaleSession() from e
+            fut = self._stub.DetachShm.future(pb.DetachShmRequest(session=session), timeout=1.0)
+        except ValueError:  # the channel is closed: the daemon reclaims it when we exit
+            return
+        self._detaching.add(fut)
+        fut.add_done_callback(self._detaching.discard)
+
+    def _with_shm(self, rpc: Callable[[Handle | None], T]) -> T:
+        """Run ``rpc`` on a borrowed segment. It goes back to the pool only after a call that
+        completed: after any error the daemon may still be using it, so it is abandoned."""
+        handle = _typed(self._shm.acquire)
+        if handle is None:
+            return rpc(None)
+        try:
+            out = _typed(lambda: rpc(handle))
+        except BaseException as e:
+            self._shm.abandon(handle, stale=isinstance(e, ShmSessionLost))
             raise
-        finally:
-            if handle is not None:
-                self._shm.release(handle)
+        self._shm.release(handle)
+        return out
 
     @property
     def shm_active(self) -> bool:
@@ -228,7 +248,7 @@ class KVStoreClient:
 
     def _get_leased(self, keys: list[bytes], out: list[Buffer | None], idx: list[int]) -> list[int]:
         """Blocks as read-only views into a segment leased until every view is dropped."""
-        handle = self._shm.acquire(lease=True)
+        handle = _typed(lambda: self._shm.acquire(lease=True))
         if handle is None:  # every segment is held by views still alive: copy instead
             self.read_many(keys, lambda j, mv: out.__setitem__(idx[j], bytes(mv)))
             return []
@@ -242,12 +262,11 @@ class KVStoreClient:
             return memoryview(lease[off : off + n])
 
         try:
-            left = transfer.get_shm(self._stub, keys, handle, keep, self.deadline_s, view=view, keep=True)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                done.detach()
-                self._shm.discard_all(handle, leased=True)
-                raise _StaleSession() from e
+            left = _typed(lambda: transfer.get_shm(self._stub, keys, handle, keep, self.deadline_s, view=view,
+                                                   keep=True))  # fmt: skip
+        except BaseException as e:  # never reused: the daemon may still be writing into it
+            done.detach()
+            self._shm.abandon(handle, leased=True, stale=isinstance(e, ShmSessionLost))
             raise
         return [idx[j] for j in left]
 
@@ -268,6 +287,11 @@ class KVStoreClient:
             except grpc.RpcError:
                 pass
             seg.close()
+        for fut in list(self._detaching):  # abandoned segments: let the daemon hear about them
+            try:
+                fut.result(timeout=1.0)
+            except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
+                pass
         self._channel.close()
 
     def __enter__(self) -> KVStoreClient:

@@ -30,7 +30,16 @@ class ResourceExhausted(KVStoreError):
 
 
 class KVStoreUnavailable(KVStoreError):
-    """The daemon cannot be reached (down, wrong address, deadline passed after retries)."""
+    """The daemon cannot be reached (down, wrong address, connection lost). Retryable."""
+
+
+class KVStoreTimeout(KVStoreError):
+    """The daemon did not answer within the call's deadline. Retryable."""
+
+
+class ShmSessionLost(KVStoreError):
+    """The daemon no longer holds this shared-memory session (evicted, reclaimed or restarted):
+    attach a fresh segment and retry (maps to gRPC FAILED_PRECONDITION)."""
 
 
 class StoreClosed(KVStoreError):

@@ -36,13 +36,14 @@ class Retry:
         if self.attempts < 1:
             raise ValueError("attempts must be >= 1")
 
-    def call(self, fn: Callable[[], T], retryable: Callable[[BaseException], bool]) -> T:
-        """Run ``fn``; on a retryable error sleep and try again, up to ``attempts`` tries."""
+    def call(self, fn: Callable[[], T], retry_on: tuple[type[BaseException], ...]) -> T:
+        """Run ``fn``; on an error of a ``retry_on`` type sleep and try again, up to ``attempts``
+        tries. Errors are typed before they get here (the client translates gRPC's)."""
         for failures in range(1, self.attempts + 1):
             try:
                 return fn()
-            except Exception as e:
-                if failures >= self.attempts or not retryable(e):
+            except retry_on:
+                if failures >= self.attempts:
                     raise
                 time.sleep(self.backoff.delay(failures))
         raise AssertionError("unreachable")

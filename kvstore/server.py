@@ -21,7 +21,7 @@ from kvstore.config import StoreConfig
 from kvstore.metrics import StoreMetrics
 from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.servicer import KVStoreServicer
-from kvstore.shm import ShmSessions
+from kvstore.shm_sessions import ShmSessions
 from kvstore.tier_factory import build_store
 from tiers.errors import ConfigError
 
@@ -63,6 +63,7 @@ class Daemon:
 
     def start(self) -> None:
         self.server.start()
+        self.sessions.start()  # reclaims the segments of clients that exited
         if self.cfg.metrics_port:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port)
         for name in ("", SERVICE_NAME):

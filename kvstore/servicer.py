@@ -17,11 +17,12 @@ import grpc
 
 from kvstore.block import MAX_KEY_LEN, decode_block
 from kvstore.config import StoreConfig
-from kvstore.errors import BlockFormatError, ChecksumError, StoreClosed
+from kvstore.errors import BlockFormatError, ChecksumError, ResourceExhausted, ShmSessionLost, StoreClosed
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.shm import ShmSegment, ShmSessions
+from kvstore.shm_sessions import Session, ShmSessions
 from kvstore.tiered_store import TieredStore
+from kvstore.transfer import align
 from tiers.errors import BlockTooLarge
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             return fn()
         except _Abort as e:
             context.abort(e.code, e.message)
+        except ShmSessionLost as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except StoreClosed as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
@@ -84,20 +87,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if not self.cfg.shm:
             return pb.AttachShmResponse(ok=False, reason="shared memory disabled on this daemon")
         try:
-            sid = self.sessions.attach(request.name, request.size, request.token)
-        except (OSError, ValueError) as e:  # another host, or not the client's segment
+            sid = self.sessions.attach(request.name, request.size, request.token, request.pid)
+        except (OSError, ValueError, ResourceExhausted) as e:  # another host, not its segment, or full
             return pb.AttachShmResponse(ok=False, reason=str(e))
         return pb.AttachShmResponse(ok=True, session=sid)
 
     def DetachShm(self, request: pb.DetachShmRequest, context: grpc.ServicerContext) -> pb.DetachShmResponse:
         self.sessions.detach(request.session)
         return pb.DetachShmResponse()
-
-    def _segment(self, sid: str) -> ShmSegment:
-        seg = self.sessions.get(sid)
-        if seg is None:
-            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"unknown shm session {sid!r}: attach again")
-        return seg
 
     # -- Put (client-streamed, two-phase) ------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
@@ -118,7 +115,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if total > self.cfg.max_batch_bytes:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch of {total} bytes is over the limit")
         held = [t is not None for t in self.store.lookup([s.key for s in specs]).tiers]
-        bufs: list[bytearray | memoryview | None] = [None] * len(specs)
+        bufs: list[bytearray | bytes | None] = [None] * len(specs)
         got = [0] * len(specs)
         commit = None
         for msg in requests:
@@ -141,16 +138,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if commit is None:
             raise _Abort(grpc.StatusCode.ABORTED, "Put stream ended without commit: nothing stored")
         if commit.shm:
-            seg = self._segment(first.begin.shm_session)
-            for ref in commit.shm:
-                if ref.index >= len(specs) or ref.length != specs[ref.index].size:
-                    raise _Abort(bad, f"shm handle for block {ref.index} does not match its declared size")
-                try:
-                    seg.check_range(ref.offset, ref.length)
-                except ValueError as e:
-                    raise _Abort(bad, str(e)) from None
-                bufs[ref.index] = seg.buf[ref.offset : ref.offset + ref.length]
-                got[ref.index] = ref.length
+            self._copy_out(first.begin.shm_session, commit.shm, specs, held, bufs, got)
         for i, s in enumerate(specs):
             if got[i] != s.size:
                 raise _Abort(bad, f"block {i}: received {got[i]} of {s.size} bytes")
@@ -164,6 +152,24 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"block {i}: {e}") from None
             status.append(pb.STORED if stored else pb.ALREADY_PRESENT)
         return pb.PutResponse(status=status)
+
+    def _copy_out(self, sid: str, refs: list[pb.ShmRef], specs: list[pb.BlockSpec], held: list[bool],
+                  bufs: list[bytearray | bytes | None], got: list[int]) -> None:  # fmt: skip
+        """Copy each block out of the client's segment first: the client can still write there,
+        so what is validated and stored must be our own copy, never the shared bytes."""
+        with self.sessions.use(sid) as sess:
+            seg = sess.seg
+            for ref in refs:
+                if ref.index >= len(specs) or ref.length != specs[ref.index].size:
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"shm handle for block {ref.index} does not match its declared size")
+                try:
+                    seg.check_range(ref.offset, ref.length)
+                except ValueError as e:
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+                if not held[ref.index]:
+                    bufs[ref.index] = bytes(seg.buf[ref.offset : ref.offset + ref.length])
+                got[ref.index] = ref.length
 
     @staticmethod
     def _validate(i: int, spec: pb.BlockSpec, buf: bytearray | memoryview) -> None:
@@ -186,10 +192,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         try:
             _check_keys(keys)
             if request.shm_session:
-                yield self._get_shm(request, keys)
+                yield self._get_shm(request, keys, context)
                 return
         except _Abort as e:
             context.abort(e.code, e.message)
+        except ShmSessionLost as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except StoreClosed as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         step = self.cfg.chunk_bytes
@@ -204,13 +212,22 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             for off in range(0, max(len(data), 1), step):
                 yield pb.GetResponse(index=i, found=True, total=len(data), offset=off, data=data[off : off + step])
 
-    def _get_shm(self, request: pb.GetRequest, keys: list[bytes]) -> pb.GetResponse:
-        seg = self._segment(request.shm_session)
-        try:
-            seg.check_range(request.shm_offset, request.shm_length)
-        except ValueError as e:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        pos, end = request.shm_offset, request.shm_offset + request.shm_length
+    def _get_shm(self, request: pb.GetRequest, keys: list[bytes], context: grpc.ServicerContext) -> pb.GetResponse:
+        with self.sessions.use(request.shm_session) as sess:
+            try:
+                sess.seg.check_range(request.shm_offset, request.shm_length)
+            except ValueError as e:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            return pb.GetResponse(shm=self._write_blocks(sess, keys, request.shm_offset,
+                                                         request.shm_offset + request.shm_length, context))
+
+    def _write_blocks(self, sess: Session, keys: list[bytes], pos: int, end: int,
+                      context: grpc.ServicerContext) -> list[pb.ShmBlock]:  # fmt: skip
+        """Copy each block into [pos, end) of the segment; a block that does not fit is deferred.
+
+        Before each write: a client that gave up (deadline, cancel) no longer reads this segment
+        and a dropped session must not be written to, so the call stops there."""
+        seg = sess.seg
         out: list[pb.ShmBlock] = []
         for i, k in enumerate(keys):
 
@@ -219,11 +236,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 n = mv.nbytes
                 if pos + n > end:
                     return pb.ShmBlock(index=i, found=True, deferred=True, length=n)
+                if not context.is_active():
+                    raise _Abort(grpc.StatusCode.CANCELLED, "the client gave up on this call")
+                sess.check()
                 seg.buf[pos : pos + n] = mv
                 blk = pb.ShmBlock(index=i, found=True, offset=pos, length=n)
-                pos += (n + 63) // 64 * 64
+                pos += align(n)
                 return blk
 
             res = self.store.read(k, sink)
             out.append(res if res is not None else pb.ShmBlock(index=i, found=False))
-        return pb.GetResponse(shm=out)
+        return out

@@ -12,6 +12,9 @@ nothing is left in /dev/shm if either process dies; the mapping lives until both
 
 Plain files + mmap rather than multiprocessing.shared_memory: the latter registers segments with
 a resource tracker that unlinks (and warns about) segments the daemon merely opened.
+
+This module is the segment and the client's pool of them; the daemon's side (bounds, reclaiming
+a dead client's segments) is ``kvstore.shm_sessions``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import re
 import secrets
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,44 +103,6 @@ class ShmSegment:
             pass  # a view is still exported somewhere; the mapping goes when it is dropped
 
 
-class ShmSessions:
-    """Daemon side: attached segments by session id, the oldest closed beyond ``max_sessions``."""
-
-    def __init__(self, max_sessions: int = 64) -> None:
-        self._max = max_sessions
-        self._segs: OrderedDict[str, ShmSegment] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def attach(self, name: str, size: int, token: bytes) -> str:
-        seg = ShmSegment.open(name, size, token)
-        sid = uuid.uuid4().hex
-        with self._lock:
-            self._segs[sid] = seg
-            while len(self._segs) > self._max:
-                _, old = self._segs.popitem(last=False)
-                old.close()
-        return sid
-
-    def get(self, sid: str) -> ShmSegment | None:
-        with self._lock:
-            seg = self._segs.get(sid)
-            if seg is not None:
-                self._segs.move_to_end(sid)
-            return seg
-
-    def detach(self, sid: str) -> None:
-        with self._lock:
-            seg = self._segs.pop(sid, None)
-        if seg is not None:
-            seg.close()
-
-    def close(self) -> None:
-        with self._lock:
-            segs, self._segs = list(self._segs.values()), OrderedDict()
-        for seg in segs:
-            seg.close()
-
-
 Handle = tuple[ShmSegment, str]  # (segment, daemon session id)
 
 
@@ -149,13 +113,20 @@ class ShmPool:
     into the segment keeps it until the last view is dropped (at most ``max_leases`` at once,
     so views kept forever cannot pin unbounded memory). ``attach(segment)`` asks the daemon to
     map a new segment and returns the session id, or None when the daemon cannot see it
-    (another host): then the pool disables itself and the client streams bytes instead.
+    (another host, or its shared-memory bound is reached): then the pool disables itself and
+    the client streams bytes instead. ``detach(session)`` tells the daemon to drop a session
+    (best effort, without waiting).
+
+    A call that ended in any error hands its segment to ``abandon``, never to ``release``: the
+    daemon's handler may still be writing into it (the client gave up at its deadline), so it
+    is never reused; the daemon unmaps it once that handler is done.
     """
 
-    def __init__(self, size: int, attach: Callable[[ShmSegment], str | None], max_leases: int = 4) -> None:
+    def __init__(self, size: int, attach: Callable[[ShmSegment], str | None],
+                 detach: Callable[[str], None], max_leases: int = 4) -> None:  # fmt: skip
         self.size = size
         self.enabled = True
-        self._attach = attach
+        self._attach, self._detach = attach, detach
         self._max_leases = max_leases
         self._leased = 0
         self._closed = False
@@ -198,23 +169,29 @@ class ShmPool:
                 self._leased -= 1
 
     def release(self, handle: Handle, leased: bool = False) -> None:
+        """The call using ``handle`` completed: the daemon is done with it, reuse it."""
         with self._lock:
             self._unlease(leased)
             if not self._closed:
                 self._free.append(handle)
                 return
-        handle[0].close()
+        self._drop([handle])
 
-    def discard_all(self, handle: Handle, leased: bool = False) -> None:
-        """The daemon forgot our session (it restarted): every session we hold is stale."""
+    def abandon(self, handle: Handle, leased: bool = False, stale: bool = False) -> None:
+        """The call using ``handle`` failed: never reuse it. ``stale``: the daemon lost that
+        session (evicted it, or restarted), so the idle ones are dropped too."""
         self._unlease(leased)
         with self._lock:
-            stale, self._free = self._free, []
-        for seg, _ in [handle, *stale]:
+            idle, self._free = (self._free, []) if stale else ([], self._free)
+        self._drop([handle, *idle])
+
+    def _drop(self, handles: list[Handle]) -> None:
+        for seg, sid in handles:
             seg.close()
+            self._detach(sid)
 
     def close(self) -> list[Handle]:
-        """Stop reusing segments; returns the idle ones (leased ones close when released)."""
+        """Stop reusing segments; returns the idle ones (leased ones are dropped when released)."""
         with self._lock:
             self._closed = True
             out, self._free = self._free, []

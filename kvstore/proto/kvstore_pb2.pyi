@@ -193,14 +193,16 @@ class StatsResponse(_message.Message):
     def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pending_blocks: _Optional[int] = ..., pending_bytes: _Optional[int] = ...) -> None: ...
 
 class AttachShmRequest(_message.Message):
-    __slots__ = ("name", "size", "token")
+    __slots__ = ("name", "size", "token", "pid")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
     token: bytes
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+    pid: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., token: _Optional[bytes] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class AttachShmResponse(_message.Message):
     __slots__ = ("ok", "session", "reason")
