@@ -1,4 +1,6 @@
-"""``kvstore serve [flags]`` runs the daemon; ``kvstore stats --address ADDR`` prints a table."""
+"""``kvstore serve [flags]`` runs the daemon (``--check-config``: validate and exit);
+``kvstore stats --address ADDR`` prints a table; ``kvstore health --address ADDR`` exits 0 when the
+daemon answers SERVING on gRPC health (container health checks)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from kvstore.config import build_arg_parser, load_config
+from kvstore.config import StoreConfig, build_arg_parser, load_config
 from kvstore.errors import KVStoreError
 from tiers.errors import TierKVError
 
@@ -41,6 +43,22 @@ def print_stats(address: str, deadline_s: float) -> int:
     return 0
 
 
+def check_health(address: str, deadline_s: float) -> int:
+    from kvstore.client import KVStoreClient
+
+    with KVStoreClient(address, deadline_s=deadline_s, use_shm=False) as c:
+        ok = c.health()
+    print("SERVING" if ok else "NOT SERVING")
+    return 0 if ok else 1
+
+
+def describe(cfg: StoreConfig) -> str:
+    """One line per tier (secrets masked by TierConfig's repr) for --check-config."""
+    lines = [f"listen {cfg.listen}" + (f", metrics {cfg.metrics_listen}" if cfg.metrics_listen else "")]
+    lines += [f"  {t!r}" for t in cfg.tiers]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvstore", description="tierkv KV-cache daemon")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -51,19 +69,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats_p = sub.add_parser("stats", help="print the daemon's per-tier statistics")
     stats_p.add_argument("--address", default="127.0.0.1:50551")
     stats_p.add_argument("--deadline", type=float, default=5.0)
-    args, _ = parser.parse_known_args(argv)
+    health_p = sub.add_parser("health", help="exit 0 if the daemon is serving (gRPC health check)")
+    health_p.add_argument("--address", default="127.0.0.1:50551")
+    health_p.add_argument("--deadline", type=float, default=3.0)
     argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)  # every flag checked: a misspelt one is an error, not ignored
     try:
         if args.cmd == "stats":
             return print_stats(args.address, args.deadline)
+        if args.cmd == "health":
+            return check_health(args.address, args.deadline)
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         rest = argv[argv.index("serve") + 1 :]
         if "--log-level" in rest:
             i = rest.index("--log-level")
             del rest[i : i + 2]
+        cfg = load_config(rest)
+        if args.check_config:
+            print(f"kvstore: configuration OK\n{describe(cfg)}")
+            return 0
         from kvstore.server import serve
 
-        return serve(load_config(rest))
+        return serve(cfg)
     except (KVStoreError, TierKVError) as e:
         print(f"kvstore: {e}", file=sys.stderr)
         return 2

@@ -103,11 +103,18 @@ class TierConfig:
         return bucket, prefix
 
 
+def _check_host_port(name: str, value: str) -> None:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{name} must be HOST:PORT, got {value!r}")
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     tiers: tuple[TierConfig, ...]
     listen: str = "127.0.0.1:50551"
-    metrics_port: int = 0  # 0 = no /metrics endpoint
+    metrics_port: int = 0  # 0 = no /metrics endpoint (served on 127.0.0.1; see metrics_listen)
+    metrics_listen: str = ""  # HOST:PORT for /metrics; overrides metrics_port (e.g. 0.0.0.0:9400 in a pod)
     promote_on_hit: bool = True
     spill_queue_bytes: int = 256 * 1024**2  # bytes waiting to spill before puts block
     tier_retry_s: float = 2.0  # a tier that errored is skipped for this long
@@ -118,6 +125,7 @@ class StoreConfig:
     workers: int = 8
     shm: bool = True  # allow the same-host shared-memory fast path
     grace_s: float = 30.0  # SIGTERM: time to finish in-flight calls and spills
+    shm_max_bytes: int = 4 * 1024**3  # shared memory all clients' segments may map; past it clients stream
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -125,11 +133,13 @@ class StoreConfig:
         kinds = [t.kind for t in self.tiers]
         if len(set(kinds)) != len(kinds):
             raise ConfigError(f"each tier kind may appear once, got {kinds}")
-        host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"listen must be HOST:PORT, got {self.listen!r}")
+        _check_host_port("listen", self.listen)
+        if self.metrics_listen:
+            _check_host_port("metrics_listen", self.metrics_listen)
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"bad metrics port {self.metrics_port}")
+        if self.shm_max_bytes <= 0:
+            raise ConfigError(f"shm_max_bytes must be > 0, got {self.shm_max_bytes}")
         if self.chunk_bytes + 64 * 1024 > self.max_message_bytes:
             raise ConfigError("chunk_bytes must leave room under max_message_bytes")
         if self.max_block_bytes > self.max_batch_bytes or self.workers < 1 or self.spill_queue_bytes <= 0:
@@ -199,6 +209,9 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
     p.add_argument("--eviction", help="eviction policy of every tier (lru, s3fifo, arc)")
     p.add_argument("--listen", help="HOST:PORT to serve gRPC on")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:N")
+    p.add_argument("--metrics-listen", help="serve Prometheus /metrics on HOST:PORT (e.g. 0.0.0.0:9400)")
+    p.add_argument("--shm-max-bytes", help="shared memory all clients may map, e.g. 4GiB (default)")
+    p.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
     p.add_argument("--no-promote", action="store_true", default=None, help="do not promote on hit")
     p.add_argument("--no-shm", action="store_true", default=None, help="disable the shared-memory path")
     return p
@@ -256,9 +269,12 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         tiers = {"cpu": TierConfig("cpu", 1024**3), "disk": TierConfig("disk", 10 * 1024**3, path=str(cache / "disk"))}
     if args.eviction:
         tiers = {k: replace(t, eviction=args.eviction) for k, t in tiers.items()}
-    for name, val in (("listen", args.listen), ("metrics_port", args.metrics_port)):
+    for name, val in (("listen", args.listen), ("metrics_port", args.metrics_port),
+                      ("metrics_listen", args.metrics_listen)):
         if val is not None:
             scalars[name] = val
+    if args.shm_max_bytes is not None:
+        scalars["shm_max_bytes"] = parse_size(args.shm_max_bytes)
     if args.no_promote:
         scalars["promote_on_hit"] = False
     if args.no_shm:

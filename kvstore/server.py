@@ -45,7 +45,7 @@ class Daemon:
         self.metrics = StoreMetrics()
         self.store = build_store(cfg, observer=self.metrics)
         self.metrics.bind(self.store)
-        self.sessions = ShmSessions()
+        self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
         self.health = health.HealthServicer()
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg))
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(self.store, cfg, self.sessions), self.server)
@@ -64,7 +64,10 @@ class Daemon:
     def start(self) -> None:
         self.server.start()
         self.sessions.start()  # reclaims the segments of clients that exited
-        if self.cfg.metrics_port:
+        if self.cfg.metrics_listen:
+            host, _, port = self.cfg.metrics_listen.rpartition(":")
+            self.metrics_port = self.metrics.serve(int(port), addr=host.strip("[]"))
+        elif self.cfg.metrics_port:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port)
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -92,7 +95,8 @@ def serve(cfg: StoreConfig) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     daemon.start()
-    extra = f" metrics 127.0.0.1:{daemon.metrics_port}" if daemon.metrics_port else ""
+    host = cfg.metrics_listen.rpartition(":")[0] if cfg.metrics_listen else "127.0.0.1"
+    extra = f" metrics {host}:{daemon.metrics_port}" if daemon.metrics_port else ""
     print(f"kvstore listening on {daemon.address}{extra}", flush=True)
     while not stop.wait(1.0):
         pass
