@@ -1,4 +1,4 @@
-"""CacheBlend plumbing without a model: chunk keys, the byte-bounded store, ratio policy, request helpers."""
+"""CacheBlend plumbing without a model: chunk keys, the byte-bounded store, recompute ratio, request helpers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from connector.blend import (
     BlendSpec,
     InProcessChunkStore,
     InvalidBlendRequestError,
-    RatioPolicy,
+    RecomputeRatio,
     Segment,
     build_blend_request,
     build_chat_blend_request,
@@ -70,15 +70,15 @@ def test_chunk_cache_computes_once():
     assert (cache.metrics.chunk_hits, cache.metrics.chunk_misses) == (1, 2)
 
 
-def test_ratio_policy_hides_load_time():
-    assert RatioPolicy(0.15).choose(1000, 10**6) == 0.15  # no estimates: r_min
+def test_recompute_ratio_hides_load_time():
+    assert RecomputeRatio(0.15).choose(1000, 10**6) == 0.15  # no estimates: r_min
     # 1 s to load, 2 ms per recomputed token over 1000 tokens: 500 tokens hide the load
-    p = RatioPolicy(0.15, load_time_s=lambda nbytes: nbytes / 1e6, recompute_time_s=0.002)
+    p = RecomputeRatio(0.15, load_time_s=lambda nbytes: nbytes / 1e6, recompute_time_s=0.002)
     assert p.choose(1000, 10**6) == pytest.approx(0.5)
     assert p.choose(1000, 10**4) == 0.15  # fast load: the floor wins
     assert p.choose(1000, 10**8) == 1.0  # slower than recomputing everything
     with pytest.raises(ValueError):
-        RatioPolicy(1.5)
+        RecomputeRatio(1.5)
 
 
 class _Tok:

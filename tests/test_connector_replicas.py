@@ -13,14 +13,14 @@ from pathlib import Path
 import httpx
 
 from bench.servers import free_port
-from engine.demo import wait_healthy
+from connector.demo import wait_healthy
 from tests.test_connector_support import daemon, prompt
 
 
 def _serve(model_dir: Path, address: str, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     # write-through so the first replica offloads at once; the tiny model calibrates in a second
-    env = dict(os.environ, TIERKV_CONNECTOR_WRITE_THROUGH="1", TIERKV_CONNECTOR_POLICY="always")
+    env = dict(os.environ, TIERKV_CONNECTOR_WRITE_THROUGH="1", TIERKV_CONNECTOR_LOAD_MODE="always")
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", str(model_dir), "--port", str(port),
            "--kvstore", address, "--num-pages", "128", "--threads", "1"]
     with open(log, "w") as f:

@@ -16,7 +16,7 @@ from connector.blend.chunk_cache import ChunkCache, ChunkStore, InProcessChunkSt
 from connector.blend.errors import BlendError, BlendUnsupportedError, InvalidBlendRequestError
 from connector.blend.hook import BlendConfig, BlendHook
 from connector.blend.metrics import BlendMetrics
-from connector.blend.ratio import RatioPolicy
+from connector.blend.ratio import RecomputeRatio
 from connector.blend.selfcheck import rerotate, self_check
 from connector.blend.spec import (
                                  BlendSpec,
@@ -29,5 +29,5 @@ from connector.blend.spec import (
 __all__ = [
     "BlendConfig", "BlendError", "BlendHook", "BlendMetrics", "BlendPlan", "BlendResult", "BlendSpec", "Blender",
     "BlendUnsupportedError", "ChunkCache", "ChunkStore", "InProcessChunkStore", "InvalidBlendRequestError",
-    "RatioPolicy", "Segment", "build_blend_request", "build_chat_blend_request", "chunk_key", "rerotate", "self_check", "split_by_separator",
+    "RecomputeRatio", "Segment", "build_blend_request", "build_chat_blend_request", "chunk_key", "rerotate", "self_check", "split_by_separator",
 ]

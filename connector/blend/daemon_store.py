@@ -65,3 +65,6 @@ class DaemonChunkStore:
         except KVStoreError:
             self.errors += 1
             return False
+
+    def close(self) -> None:
+        self.client.close()
