@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 
@@ -67,6 +68,10 @@ def build_engine(cfg: EngineConfig, kvstore: str | None = None):
     return engine
 
 
+def _note_signal(signum: int, _frame: object) -> None:
+    log.info("%s: shutting down", signal.Signals(signum).name)
+
+
 def _serve(a: argparse.Namespace) -> int:
     import uvicorn
 
@@ -80,7 +85,11 @@ def _serve(a: argparse.Namespace) -> int:
     name = a.served_model_name or engine.loaded.name
     app = create_app(aengine, name, blend=blend)
     log.info("serving %s on http://%s:%d/v1", name, a.host, a.port)
-    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")  # returns on SIGTERM/SIGINT
+    # uvicorn stops serving on SIGTERM/SIGINT, then re-raises the signal under the handler it found:
+    # with ours in place that returns here (the default handler would kill us before the flush)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _note_signal)
+    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
     log.info("shutting down: no new requests; flushing offloads (grace %.0fs)", a.shutdown_grace_s)
     aengine.shutdown()
     engine.close_plugins(a.shutdown_grace_s)
