@@ -15,9 +15,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
+from connector.dtypes import to_block_array
 from connector.metrics import ConnectorMetrics
 from kvstore.block import encode_block
 from kvstore.client import KVStoreClient
@@ -51,14 +51,6 @@ class KnownKeys:
         with self._lock:
             for k in keys:
                 self._d.pop(k, None)
-
-
-def block_array(t: torch.Tensor) -> tuple[np.ndarray, str]:
-    """A page's KV as a numpy array plus the block dtype name (bf16 travels as raw 16-bit)."""
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy(), "bfloat16"
-    a = t.contiguous().numpy()
-    return a, a.dtype.str
 
 
 class Offloader:
@@ -157,7 +149,7 @@ class Offloader:
             return
         items, dtype = [], ""
         for i in todo:
-            arr, dtype = block_array(rows[i])
+            arr, dtype = to_block_array(rows[i])
             items.append((keys[i], encode_block(keys[i], arr, dtype=dtype, shape=arr.shape, layout=LAYOUT)))
         self.client.put_many(items)
         nbytes = sum(len(v) for _, v in items)
