@@ -66,8 +66,6 @@ class Offloader:
         self._busy = False
         self._cv = threading.Condition()
         self._stop = False
-        self.sent = 0
-        self.failed = 0
         self._thread = threading.Thread(target=self._run, name="kv-offload", daemon=True)
         self._thread.start()
 
@@ -129,7 +127,6 @@ class Offloader:
                 self._send(batch)
             except Exception as e:  # noqa: BLE001 - offload failures are counted, never raised
                 n = sum(len(k) for k, _ in batch)
-                self.failed += n
                 self.metrics.offload_blocks.labels("failed").inc(n)
                 log.warning("offload of %d blocks failed: %s", n, e)
             finally:
@@ -154,6 +151,5 @@ class Offloader:
         self.client.put_many(items)
         nbytes = sum(len(v) for _, v in items)
         self.known.add([keys[i] for i in todo])
-        self.sent += len(todo)
         self.metrics.offload_blocks.labels("sent").inc(len(todo))
         self.metrics.offload_bytes.inc(nbytes)

@@ -57,7 +57,7 @@ def test_daemon_tier_load_is_identical(reference, kind: str, tmp_path: Path, req
             assert m.num_tokens == 80
             conn.save(conn.keyspace.keys(ids[:80], None), m.pages)
             assert conn.flush(60)
-            assert conn.offloader.sent == 5
+            assert conn.metrics.value("tierkv_connector_offload_blocks_total", result="sent") == 5
             assert conn.loader.lookup(conn.keyspace.keys(ids[:80], None), 5.0) == [kind] * 5
             engine.radix.reset()
             conn.known.discard(conn.keyspace.keys(ids[:80], None))

@@ -57,14 +57,5 @@ class DaemonChunkStore:
             self.errors += 1
             log.warning("chunk put to the kvstore failed (%s); kept only in process", e)
 
-    def contains(self, key: bytes) -> bool:
-        if self.local is not None and self.local.contains(key):
-            return True
-        try:
-            return self.client.lookup([key]).tiers[0] is not None
-        except KVStoreError:
-            self.errors += 1
-            return False
-
     def close(self) -> None:
         self.client.close()
