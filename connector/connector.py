@@ -99,7 +99,7 @@ class KVConnector:
         assert isinstance(req.kv, KVState)
         return req.kv
 
-    def request_keys(self, req: Request, n_pages: int) -> list[BlockKey]:
+    def _keys(self, req: Request, n_pages: int) -> list[BlockKey]:
         st = self._state(req)
         if len(st.keys) < n_pages:
             st.keys = self.keyspace.keys(req.all_ids[: n_pages * self.page_size], req.cache_salt)
@@ -113,7 +113,7 @@ class KVConnector:
         loadable = (req.num_tokens - 1) // ps  # leave at least one token to compute (its logits)
         if loadable <= start or not self._daemon_up():
             return None
-        keys = self.request_keys(req, loadable)[start:]
+        keys = self._keys(req, loadable)[start:]
         try:
             tiers = self.loader.lookup(keys, self.cfg.lookup_deadline_s)
         except KVStoreError as e:
@@ -198,7 +198,7 @@ class KVConnector:
             return
         n = min(req.exact_tokens // self.page_size, len(req.pages))
         if n:
-            self.save(self.request_keys(req, n), req.pages[:n])
+            self.save(self._keys(req, n), req.pages[:n])
 
     # -- offload ------------------------------------------------------------------------------
     def save(self, keys: list[BlockKey], pages: list[int]) -> None:
