@@ -71,10 +71,10 @@ class KVConnector:
                               config.load_mode)
         self._down_until = 0.0
         if config.probe:
-            self.probe()
+            self._probe()
 
     # -- start-up ---------------------------------------------------------------------------
-    def probe(self) -> None:
+    def _probe(self) -> None:
         from connector.calibrate import probe_daemon
 
         try:
