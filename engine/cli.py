@@ -113,6 +113,7 @@ def _generate(a: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     print(req.text)
     log.info("%d tokens in %.2fs (%s)", len(req.output_ids), dt, req.finish_reason)
+    engine.close_plugins(30.0)  # a write-through offload of this run reaches the daemon
     return 0
 
 
