@@ -10,6 +10,7 @@ still be on their way, so the connection is closed and never read again.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -70,8 +71,11 @@ class StreamChannel:
 
     def _take(self, timeout: float) -> socket.socket | None:
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
+            while self._idle:
+                conn = self._idle.pop()
+                if not select.select([conn], [], [], 0)[0]:
+                    return conn
+                conn.close()  # readable while idle: the daemon closed it (idle limit, restart)
         grant = self.open_fn()
         if grant is None:
             return None

@@ -173,10 +173,19 @@ class StreamServer:
         conn.sendall(mv)
         return True
 
-    @staticmethod
-    def _refuse(conn: socket.socket, kind: int, message: str) -> None:
+    def _refuse(self, conn: socket.socket, kind: int, message: str) -> None:
+        """Send the error, then read (and drop) what the client still sends for a moment, so
+        closing does not reset the connection before the client has read the error."""
         msg = message.encode()[:4096]
         conn.sendall(w.FRAME.pack(kind, len(msg)) + msg)
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(1.0)
+        left = self.max_request_bytes
+        try:
+            while left > 0 and (n := len(conn.recv(min(left, 65536)))):
+                left -= n
+        except OSError:
+            pass
 
 
 def _family(host: str) -> socket.AddressFamily:
