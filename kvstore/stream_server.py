@@ -79,7 +79,8 @@ class StreamServer:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:  # a daemon stopped before it started has no thread
+            self._thread.join(timeout=5)
 
     # -- connections ---------------------------------------------------------------------
     def _accept_loop(self) -> None:
