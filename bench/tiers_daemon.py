@@ -16,9 +16,10 @@ MGET (``redis_get_gbps``, ``redis_baseline`` names the winner), all returning fr
 - ``get_copy_gbps``: ``get_many(copy=True)``, fresh bytes objects like redis-py returns.
 - ``get_into_gbps``: ``read_many`` copying each block once into a pre-faulted buffer, as the
   connector does into its KV pool (``vs_redis_into`` beside the headline).
-- ``tcp_get_gbps`` (issue 11): a client with ``use_shm=False`` — streamed gRPC over loopback, as
-  a replica without shared memory gets — reading multi-MB blocks with ``get_many`` (bytes the
-  caller owns); ``tcp_into_gbps``: the same into a pre-faulted buffer with ``read_many``.
+- ``tcp_get_gbps`` (issue 11): a client with ``use_shm=False`` — the daemon's raw TCP Get channel
+  over loopback (gRPC streaming where a daemon has none), as a replica without shared memory
+  gets — reading multi-MB blocks with ``get_many`` (buffers the caller owns, each received
+  straight into its own); ``tcp_into_gbps``: the same into a pre-faulted buffer with ``read_many``.
 - ``concurrent_scaling``: aggregate ``get_many(copy=True)`` GB/s (bytes the callers own) of 4
   client *processes* (one GIL each) on the one daemon, divided by that of 1 client. Each client
   reads every block ``rounds`` times once all are ready; aggregate = all bytes / (last end - first
@@ -203,7 +204,7 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
         "vs_redis_views": round(fig.ratio_of_medians(s["views"], best_s), 2),
         "tcp_get_gbps": round(fig.gbps(res["tcp_bytes"], s["tcp_get"]), 3),
         "tcp_into_gbps": round(fig.gbps(res["tcp_bytes"], s["tcp_into"]), 3),
-        "tcp_path": "use_shm=False: streamed gRPC over loopback, get_many -> bytes the caller owns",
+        "tcp_path": "use_shm=False: raw TCP Get channel over loopback, get_many -> buffers the caller owns",
         "tcp_shm": bool(res["tcp_shm"]),
     }
 

@@ -1,5 +1,7 @@
 """Python client of the kvstore daemon: deadlines, retries with backoff, batching, and the
-same-host shared-memory path (``use_shm=None`` = try it, fall back to streaming).
+same-host shared-memory path (``use_shm=None`` = try it, fall back to streaming). Without shared
+memory, Gets come back on the daemon's raw TCP channel (``use_stream=None`` = when the daemon
+offers one; kvstore/stream_client.py), else stream over gRPC.
 
 Errors are typed at this boundary, before any retry decision (as redis-py does): gRPC's
 UNAVAILABLE becomes KVStoreUnavailable and DEADLINE_EXCEEDED KVStoreTimeout (both retried, so a
@@ -34,6 +36,7 @@ from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.retry import Retry
 from kvstore.shm import Handle, ShmPool, ShmSegment
 from kvstore.store_types import LookupResult, StoreStats, TierStats
+from kvstore.stream_client import StreamChannel
 from tiers.base import Buffer
 
 T = TypeVar("T")
@@ -77,6 +80,8 @@ class KVStoreClient:
         chunk_bytes: int = 4 * 1024**2,
         batch_bytes: int = 64 * 1024**2,
         batch_keys: int = 512,
+        use_stream: bool | None = None,
+        max_block_bytes: int = 1024**3,
     ) -> None:
         self.address, self.deadline_s = address, deadline_s
         self.retry = retry or Retry()
@@ -93,6 +98,9 @@ class KVStoreClient:
         self._shm = ShmPool(shm_bytes, self._attach, self._detach)
         self._shm.enabled = use_shm is not False
         self._detaching: set[grpc.Future] = set()
+        self._stream_required = use_stream is True
+        self._stream = StreamChannel(address.rpartition(":")[0], self._open_stream, max_block_bytes)
+        self._stream.enabled = use_stream is not False
 
     # -- plumbing ------------------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:
@@ -124,6 +132,18 @@ class KVStoreClient:
             return
         self._detaching.add(fut)
         fut.add_done_callback(self._detaching.discard)
+
+    def _open_stream(self) -> tuple[int, bytes] | None:
+        try:
+            resp = self._stub.OpenStream(pb.OpenStreamRequest(), timeout=self.deadline_s)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._stream.enabled = False  # a daemon from before the channel
+            return None
+        if not resp.ok and self._stream_required:
+            raise KVStoreError(f"stream channel refused by the daemon: {resp.reason}")
+        return (resp.port, resp.token) if resp.ok else None
 
     def _with_shm(self, rpc: Callable[[Handle | None], T]) -> T:
         """Run ``rpc`` on a borrowed segment. It goes back to the pool only after a call that
@@ -205,10 +225,17 @@ class KVStoreClient:
 
         On the shared-memory path blocks come back as read-only memoryviews of the segment the
         daemon wrote (no copy at all); that segment is reused only once every view of the call
-        is gone, so pass ``copy=True`` (bytes) for blocks kept for long. Elsewhere: bytes.
+        is gone, so pass ``copy=True`` (bytes) for blocks kept for long. Without shared memory:
+        a writable memoryview per block over a buffer made for it alone, the very buffer the
+        block was received into (no copy).
         """
         out: list[Buffer | None] = [None] * len(keys)
-        if copy or not self._shm.enabled:
+        if not self._shm.enabled:
+            for start in range(0, len(keys), self.batch_keys):
+                chunk = list(keys[start : start + self.batch_keys])
+                self._call(lambda c=chunk, b=start: self._read_owned(c, lambda i, buf: out.__setitem__(b + i, buf)))
+            return out
+        if copy:
             self.read_many(keys, lambda i, mv: out.__setitem__(i, bytes(mv)))
             return out
         todo = list(range(len(keys)))
@@ -242,9 +269,16 @@ class KVStoreClient:
 
     def _read_batch(self, keys: list[bytes], handle: Handle | None, sink: transfer.Sink) -> None:
         if handle is None:
-            transfer.get_streamed(self._stub, keys, sink, self.deadline_s)
+            if not self._stream.get(keys, sink, self.deadline_s):
+                transfer.get_streamed(self._stub, keys, sink, self.deadline_s)
         else:
             transfer.get_shm(self._stub, keys, handle, sink, self.deadline_s)
+
+    def _read_owned(self, keys: list[bytes], keep: transfer.Sink) -> None:
+        """Without shared memory: ``keep(i, view)`` with a view over a buffer made for block i
+        alone (both paths below allocate one per block), which the caller may keep."""
+        if not self._stream.get(keys, keep, self.deadline_s, fresh=True):
+            transfer.get_streamed(self._stub, keys, keep, self.deadline_s)
 
     def _get_leased(self, keys: list[bytes], out: list[Buffer | None], idx: list[int]) -> list[int]:
         """Blocks as read-only views into a segment leased until every view is dropped."""
@@ -281,6 +315,7 @@ class KVStoreClient:
         return r.status == health_pb2.HealthCheckResponse.SERVING
 
     def close(self) -> None:
+        self._stream.close()
         for seg, session in self._shm.close():
             try:
                 self._stub.DetachShm(pb.DetachShmRequest(session=session), timeout=1.0)

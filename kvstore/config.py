@@ -126,6 +126,8 @@ class StoreConfig:
     shm: bool = True  # allow the same-host shared-memory fast path
     grace_s: float = 30.0  # SIGTERM: time to finish in-flight calls and spills
     shm_max_bytes: int = 4 * 1024**3  # shared memory all clients' segments may map; past it clients stream
+    stream: bool = True  # serve Gets without shared memory on a raw TCP side channel (kvstore/stream_server.py)
+    stream_max_conns: int = 16  # side-channel connections (and unused tokens) at once; past it: gRPC streaming
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -138,6 +140,8 @@ class StoreConfig:
             _check_host_port("metrics_listen", self.metrics_listen)
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"bad metrics port {self.metrics_port}")
+        if self.stream_max_conns < 1:
+            raise ConfigError(f"stream_max_conns must be >= 1, got {self.stream_max_conns}")
         if self.shm_max_bytes <= 0:
             raise ConfigError(f"shm_max_bytes must be > 0, got {self.shm_max_bytes}")
         if self.chunk_bytes + 64 * 1024 > self.max_message_bytes:
@@ -214,6 +218,7 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
     p.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
     p.add_argument("--no-promote", action="store_true", default=None, help="do not promote on hit")
     p.add_argument("--no-shm", action="store_true", default=None, help="disable the shared-memory path")
+    p.add_argument("--no-stream", action="store_true", default=None, help="disable the raw TCP Get channel")
     return p
 
 
@@ -279,4 +284,6 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         scalars["promote_on_hit"] = False
     if args.no_shm:
         scalars["shm"] = False
+    if args.no_stream:
+        scalars["stream"] = False
     return StoreConfig(tiers=tuple(tiers.values()), **scalars)

@@ -22,6 +22,7 @@ from kvstore.metrics import StoreMetrics
 from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.servicer import KVStoreServicer
 from kvstore.shm_sessions import ShmSessions
+from kvstore.stream_server import StreamServer
 from kvstore.tier_factory import build_store
 from tiers.errors import ConfigError
 
@@ -46,12 +47,17 @@ class Daemon:
         self.store = build_store(cfg, observer=self.metrics)
         self.metrics.bind(self.store)
         self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
+        self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], max_conns=cfg.stream_max_conns,
+                                     max_request_bytes=cfg.max_message_bytes) if cfg.stream else None)  # fmt: skip
         self.health = health.HealthServicer()
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg))
-        kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(self.store, cfg, self.sessions), self.server)
+        servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
+        kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(cfg.listen)
         if self.port == 0:
+            if self.streams is not None:
+                self.streams.close()
             self.store.close(flush=False)
             raise ConfigError(f"cannot listen on {cfg.listen}")
         self.metrics_port = 0
@@ -63,6 +69,8 @@ class Daemon:
 
     def start(self) -> None:
         self.server.start()
+        if self.streams is not None:
+            self.streams.start()
         self.sessions.start()  # reclaims the segments of clients that exited
         if self.cfg.metrics_listen:
             host, _, port = self.cfg.metrics_listen.rpartition(":")
@@ -78,6 +86,8 @@ class Daemon:
         self._stopped.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(self.cfg.grace_s).wait()
+        if self.streams is not None:
+            self.streams.close()
         self.store.close(flush=True)  # in-flight spills land before tiers close
         self.sessions.close()
         self.metrics.close()

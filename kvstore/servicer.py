@@ -21,12 +21,12 @@ from kvstore.errors import BlockFormatError, ChecksumError, ResourceExhausted, S
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.shm_sessions import Session, ShmSessions
+from kvstore.stream_server import MAX_KEYS, StreamServer
 from kvstore.tiered_store import TieredStore
 from kvstore.transfer import align
 from tiers.errors import BlockTooLarge
 
 log = logging.getLogger(__name__)
-MAX_KEYS = 65536
 
 
 class _Abort(Exception):
@@ -44,8 +44,9 @@ def _check_keys(keys: list[bytes]) -> None:
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
-    def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions) -> None:
-        self.store, self.cfg, self.sessions = store, config, sessions
+    def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions,
+                 streams: StreamServer | None = None) -> None:  # fmt: skip
+        self.store, self.cfg, self.sessions, self.streams = store, config, sessions, streams
 
     def _run(self, context: grpc.ServicerContext, fn):  # type: ignore[no-untyped-def]
         try:
@@ -95,6 +96,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def DetachShm(self, request: pb.DetachShmRequest, context: grpc.ServicerContext) -> pb.DetachShmResponse:
         self.sessions.detach(request.session)
         return pb.DetachShmResponse()
+
+    def OpenStream(self, request: pb.OpenStreamRequest, context: grpc.ServicerContext) -> pb.OpenStreamResponse:
+        if self.streams is None:
+            return pb.OpenStreamResponse(ok=False, reason="no stream channel on this daemon")
+        token = self.streams.issue()
+        if token is None:
+            return pb.OpenStreamResponse(ok=False, reason=f"stream channel at its limit of {self.streams.max_conns}")
+        return pb.OpenStreamResponse(ok=True, port=self.streams.port, token=token)
 
     # -- Put (client-streamed, two-phase) ------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:

@@ -223,3 +223,19 @@ class DetachShmRequest(_message.Message):
 class DetachShmResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class OpenStreamRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenStreamResponse(_message.Message):
+    __slots__ = ("ok", "port", "token", "reason")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    port: int
+    token: bytes
+    reason: str
+    def __init__(self, ok: _Optional[bool] = ..., port: _Optional[int] = ..., token: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...

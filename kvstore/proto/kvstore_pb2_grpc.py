@@ -69,6 +69,11 @@ class KVStoreStub:
                 request_serializer=kvstore__pb2.DetachShmRequest.SerializeToString,
                 response_deserializer=kvstore__pb2.DetachShmResponse.FromString,
                 _registered_method=True)
+        self.OpenStream = channel.unary_unary(
+                '/tierkv.kvstore.v1.KVStore/OpenStream',
+                request_serializer=kvstore__pb2.OpenStreamRequest.SerializeToString,
+                response_deserializer=kvstore__pb2.OpenStreamResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -121,6 +126,14 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenStream(self, request, context):
+        """A single-use token for one connection to the daemon's raw Get channel: it is trusted
+        exactly as this call is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +171,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.DetachShm,
                     request_deserializer=kvstore__pb2.DetachShmRequest.FromString,
                     response_serializer=kvstore__pb2.DetachShmResponse.SerializeToString,
+            ),
+            'OpenStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenStream,
+                    request_deserializer=kvstore__pb2.OpenStreamRequest.FromString,
+                    response_serializer=kvstore__pb2.OpenStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +367,33 @@ class KVStore:
             '/tierkv.kvstore.v1.KVStore/DetachShm',
             kvstore__pb2.DetachShmRequest.SerializeToString,
             kvstore__pb2.DetachShmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tierkv.kvstore.v1.KVStore/OpenStream',
+            kvstore__pb2.OpenStreamRequest.SerializeToString,
+            kvstore__pb2.OpenStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
