@@ -127,6 +127,7 @@ class StoreConfig:
     grace_s: float = 30.0  # SIGTERM: time to finish in-flight calls and spills
     shm_max_bytes: int = 4 * 1024**3  # shared memory all clients' segments may map; past it clients stream
     stream: bool = True  # serve Gets without shared memory on a raw TCP side channel (kvstore/stream_server.py)
+    stream_port: int = 0  # the side channel's port (0 = any free one; fix it to publish it from a container)
     stream_max_conns: int = 16  # side-channel connections (and unused tokens) at once; past it: gRPC streaming
 
     def __post_init__(self) -> None:
@@ -140,6 +141,8 @@ class StoreConfig:
             _check_host_port("metrics_listen", self.metrics_listen)
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"bad metrics port {self.metrics_port}")
+        if not 0 <= self.stream_port < 65536:
+            raise ConfigError(f"stream_port must be in 0..65535, got {self.stream_port}")
         if self.stream_max_conns < 1:
             raise ConfigError(f"stream_max_conns must be >= 1, got {self.stream_max_conns}")
         if self.shm_max_bytes <= 0:
@@ -219,6 +222,7 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
     p.add_argument("--no-promote", action="store_true", default=None, help="do not promote on hit")
     p.add_argument("--no-shm", action="store_true", default=None, help="disable the shared-memory path")
     p.add_argument("--no-stream", action="store_true", default=None, help="disable the raw TCP Get channel")
+    p.add_argument("--stream-port", type=int, help="port of the raw TCP Get channel (default: any free one)")
     return p
 
 
@@ -284,6 +288,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         scalars["promote_on_hit"] = False
     if args.no_shm:
         scalars["shm"] = False
+    if args.stream_port is not None:
+        scalars["stream_port"] = args.stream_port
     if args.no_stream:
         scalars["stream"] = False
     return StoreConfig(tiers=tuple(tiers.values()), **scalars)

@@ -47,7 +47,8 @@ class Daemon:
         self.store = build_store(cfg, observer=self.metrics)
         self.metrics.bind(self.store)
         self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
-        self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], max_conns=cfg.stream_max_conns,
+        self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
+                                     max_conns=cfg.stream_max_conns,
                                      max_request_bytes=cfg.max_message_bytes) if cfg.stream else None)  # fmt: skip
         self.health = health.HealthServicer()
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg))

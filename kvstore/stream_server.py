@@ -42,12 +42,12 @@ class _Refused(Exception):
 
 
 class StreamServer:
-    def __init__(self, store: _Readable, host: str = "127.0.0.1", max_conns: int = 16,
+    def __init__(self, store: _Readable, host: str = "127.0.0.1", port: int = 0, max_conns: int = 16,
                  max_request_bytes: int = 8 * 1024**2, handshake_s: float = 10.0, idle_s: float = 300.0,
                  send_s: float = 60.0) -> None:  # fmt: skip
         self.store, self.max_conns, self.max_request_bytes = store, max_conns, max_request_bytes
         self.handshake_s, self.idle_s, self.send_s = handshake_s, idle_s, send_s
-        self._listener = socket.create_server((host.strip("[]"), 0), family=_family(host), backlog=max_conns)
+        self._listener = socket.create_server((host.strip("[]"), port), family=_family(host), backlog=max_conns)
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._tokens: dict[bytes, float] = {}  # token -> expiry (monotonic)

@@ -70,3 +70,24 @@ def test_health_subcommand(tmp_path: Path) -> None:
     with running_daemon(tmp_path, "--cpu", "16MiB") as address:
         assert health(address) == 0
     assert health(address) != 0  # stopped: not serving
+
+
+def test_stream_port_is_the_one_offered() -> None:
+    """An operator publishes the side channel's port (k8s hostPort): the daemon must bind that port."""
+    from bench.servers import free_port
+    from kvstore.client import KVStoreClient
+
+    port = free_port()
+    cfg = load_config(["--cpu", "16MiB", "--listen", "127.0.0.1:0", "--stream-port", str(port)], env={})
+    daemon = Daemon(cfg)
+    daemon.start()
+    try:
+        assert daemon.streams is not None and daemon.streams.port == port
+        with KVStoreClient(daemon.address, use_shm=False) as c:
+            from kvstore.proto import kvstore_pb2 as pb
+
+            assert c._stub.OpenStream(pb.OpenStreamRequest(), timeout=10).port == port
+    finally:
+        daemon.stop()
+    with pytest.raises(ConfigError, match="stream_port"):
+        load_config(["--stream-port", "70000"], env={})
