@@ -47,17 +47,9 @@ def lmdb_get(env: lmdb.Environment, key: bytes) -> bytes | None:
 def s3_config_like(*, connect_timeout_s: float = 1.0, read_timeout_s: float = 3.0, max_attempts: int = 2,
                    workers: int = 8) -> Any:
     """The botocore Config S3Tier builds from the same arguments (its defaults by default)."""
-    import botocore.config
+    from tiers.s3 import client_config
 
-    return botocore.config.Config(
-        connect_timeout=connect_timeout_s,
-        read_timeout=read_timeout_s,
-        retries={"total_max_attempts": max_attempts, "mode": "standard"},
-        max_pool_connections=max(10, workers * 2),
-        s3={"addressing_style": "path"},
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-    )
+    return client_config(connect_timeout_s, read_timeout_s, max_attempts, workers)
 
 
 def s3_client_like(ep: S3Endpoint) -> Any:

@@ -40,6 +40,21 @@ _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
 _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"}
 
 
+def client_config(connect_timeout_s: float = 1.0, read_timeout_s: float = 3.0, max_attempts: int = 2,
+                  workers: int = 8) -> botocore.config.Config:
+    """The botocore settings of the tier: bounded timeouts and retries, a connection per worker,
+    path-style addressing (SeaweedFS, MinIO), checksums only where S3 requires them."""
+    return botocore.config.Config(
+        connect_timeout=connect_timeout_s,
+        read_timeout=read_timeout_s,
+        retries={"total_max_attempts": max_attempts, "mode": "standard"},
+        max_pool_connections=max(10, workers * 2),
+        s3={"addressing_style": "path"},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+
+
 class S3Tier(Tier):
     name = "s3"
     persistent = True
@@ -62,15 +77,7 @@ class S3Tier(Tier):
     ) -> None:
         super().__init__(capacity_bytes)
         self.bucket, self.prefix = bucket, prefix
-        cfg = botocore.config.Config(
-            connect_timeout=connect_timeout_s,
-            read_timeout=read_timeout_s,
-            retries={"total_max_attempts": max_attempts, "mode": "standard"},
-            max_pool_connections=max(10, workers * 2),
-            s3={"addressing_style": "path"},
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        )
+        cfg = client_config(connect_timeout_s, read_timeout_s, max_attempts, workers)
         self._client = boto3.session.Session().client(
             "s3",
             endpoint_url=endpoint_url,
