@@ -19,9 +19,10 @@ import logging
 import statistics
 import time
 
-from bench.blend import Method, load_blender, run_quality, summarize
+from bench.blend import load_blender
 from bench.blend_data import make_cases
 from bench.blend_figures import beats
+from bench.blend_quality import Method, run_quality, summarize
 from connector.blend import Blender
 from connector.blend.selection import Selection
 
