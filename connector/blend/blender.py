@@ -4,12 +4,15 @@ For a prompt of N tokens laid out as segments (prefix, documents, question, ...)
   1. assemble the reused KV per layer: the prefix chunk as is (exact), each document chunk
      with K re-rotated from positions 1..n to its place in the prompt (V unchanged);
   2. run layers 0 and 1 in full over all N tokens (exact causal attention);
-  3. at layer 1 score every document token by the squared L2 distance between its fresh and
-     reused K (or V) and keep the top ``ratio`` share; the recompute set is those tokens plus
-     every non-prefix, non-document token (the question is always recomputed) and the last token;
+  3. at layer 1 score every document token (``select``: K or V deviation between its fresh and
+     reused row, or the attention-output deviation it causes; "random" for the baseline) and keep
+     the top ``ratio`` share, each chunk's sink tokens first (selection.py); the recompute set is
+     those tokens plus every non-prefix, non-document token (the question is always recomputed)
+     and the last token;
   4. from layer 2 on run only the recompute set: its fresh K/V is scattered into the reused
      KV of that layer, and its queries attend with an exact causal mask (key position <= query
-     position) over the merged KV.
+     position) over the merged KV. With gradual filtering the set starts larger and each of the
+     next layers re-scores its document tokens and drops the least deviating, down to the budget.
 Every layer's final K/V [N, kv_heads, head_dim] goes to ``sink`` (the pool, or a tensor).
 
 The prefix (BOS + system prompt) is not recomputed after layer 1: its chunk was computed at
@@ -78,11 +81,11 @@ class Blender:
     def __init__(self, model: LlamaModel, fingerprint: str, store: ChunkStore | None = None,
                  metrics: BlendMetrics | None = None, selection: Selection | None = None) -> None:
         self.model = model
-        self.selection = selection or Selection()
         self.self_check_error = self_check(model)  # raises BlendUnsupportedError: refuse loudly
         self.metrics = metrics or BlendMetrics()
         self.bos = model.arch.bos_token_id
         self.chunks = ChunkCache(store or InProcessChunkStore(), fingerprint, self._compute_chunk, self.metrics)
+        self.selection = selection or Selection()  # how the recompute set is chosen (selection.py)
 
     # -- dense prefill (chunks, and the reference) -------------------------------------------
     @torch.inference_mode()
