@@ -8,7 +8,8 @@ continuation_f1
 answer_agreement
     The answer terms of a continuation are, in order of appearance in its decoded text, the
     occurrences of the workload's answer vocabulary (bench.blend_data.ANSWER_VOCAB: colours, jobs,
-    cities, landmarks, pets, places, crew names; case-insensitive, whole words) and of numbers.
+    cities, landmarks, pets, places, crew names; case-insensitive, whole words) and of numbers
+    (thousands separators and ordinal suffixes dropped: 'the 40th day' names 40).
     A method agrees with full prefill on a case when the first ANSWER_TERMS answer terms of its
     continuation equal (same strings, same order) the first ANSWER_TERMS of full prefill's —
     every question asks for two facts. Full prefill naming no term is agreed with only by a method
@@ -71,13 +72,16 @@ def lcs_f1(reference: Sequence[int], hypothesis: Sequence[int]) -> float:
     return 2 * p * r / (p + r)
 
 
+_ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)$")
+
+
 def answer_terms(text: str, vocab: Iterable[str]) -> list[str]:
     """Answer-vocabulary terms and numbers in ``text``, lower-cased, in order of appearance
     (longest vocabulary entry first where entries overlap)."""
     words = sorted({v.lower() for v in vocab}, key=len, reverse=True)
-    alts = [re.escape(w) for w in words] + [r"\d[\d,]*"]
+    alts = [re.escape(w) for w in words] + [r"\d[\d,]*(?:st|nd|rd|th)?"]
     pat = re.compile(r"(?<![\w])(" + "|".join(alts) + r")(?![\w])", re.IGNORECASE)
-    return [m.group(1).lower().replace(",", "") for m in pat.finditer(text)]
+    return [_ORDINAL.sub("", m.group(1).lower().replace(",", "")) for m in pat.finditer(text)]
 
 
 def answer_agreement(reference: str, text: str, vocab: Iterable[str], terms: int = ANSWER_TERMS) -> bool:

@@ -54,6 +54,7 @@ def test_answer_terms_in_order_whole_words_longest_first():
     assert answer_terms("Cobaltine", ["cobalt", "Cobaltine"]) == ["cobaltine"]
     assert answer_terms("cobaltish", ["cobalt"]) == []  # whole words only
     assert answer_terms("nothing here", ANSWER_VOCAB) == []
+    assert answer_terms("on the 40th day, 3rd of 21st", ANSWER_VOCAB) == ["40", "3", "21"]  # ordinals
 
 
 def test_answer_agreement_compares_the_first_two_terms():
