@@ -38,6 +38,21 @@ ACTIONS = ["repaired the broken sails", "traded wool for lamp oil", "mapped the 
            "argued about the route", "found an abandoned cart", "counted the remaining supplies",
            "listened to a travelling singer", "sketched the ruined walls", "bought bread and dried figs"]
 
+_ART = ("a ", "an ", "the ", "two ", "three ")
+
+
+def _bare(phrase: str) -> str:
+    for a in _ART:
+        if phrase.startswith(a):
+            return phrase[len(a):]
+    return phrase
+
+
+# What answers are made of (bench/blend_figures.py's answer terms; numbers count too): every value
+# a fact question or the chronicle's question can be answered with.
+ANSWER_VOCAB = tuple(dict.fromkeys(
+    COLORS + JOBS + CITIES + [_bare(x) for x in LANDMARKS + PETS + PLACES] + ["Mira", "Tobin", "Hask", "twins"]))
+
 
 @dataclass
 class BlendCase:

@@ -4,12 +4,15 @@ For a prompt of N tokens laid out as segments (prefix, documents, question, ...)
   1. assemble the reused KV per layer: the prefix chunk as is (exact), each document chunk
      with K re-rotated from positions 1..n to its place in the prompt (V unchanged);
   2. run layers 0 and 1 in full over all N tokens (exact causal attention);
-  3. at layer 1 score every document token by the squared L2 distance between its fresh and
-     reused K (or V) and keep the top ``ratio`` share; the recompute set is those tokens plus
-     every non-prefix, non-document token (the question is always recomputed) and the last token;
+  3. at layer 1 score every document token (``select``: K or V deviation between its fresh and
+     reused row, or the attention-output deviation it causes; "random" for the baseline) and keep
+     the top ``ratio`` share, each chunk's sink tokens first (selection.py); the recompute set is
+     those tokens plus every non-prefix, non-document token (the question is always recomputed)
+     and the last token;
   4. from layer 2 on run only the recompute set: its fresh K/V is scattered into the reused
      KV of that layer, and its queries attend with an exact causal mask (key position <= query
-     position) over the merged KV.
+     position) over the merged KV. With gradual filtering the set starts larger and each of the
+     next layers re-scores its document tokens and drops the least deviating, down to the budget.
 Every layer's final K/V [N, kv_heads, head_dim] goes to ``sink`` (the pool, or a tensor).
 
 The prefix (BOS + system prompt) is not recomputed after layer 1: its chunk was computed at
@@ -27,7 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from connector.blend.chunk_cache import DOC, PREFIX, ChunkCache, ChunkStore, InProcessChunkStore
+from connector.blend.errors import InvalidBlendRequestError
 from connector.blend.metrics import BlendMetrics
+from connector.blend.selection import SCORES, Selection, attention_deviation, chunk_sinks, kv_deviation, pick
 from connector.blend.selfcheck import self_check
 from connector.blend.spec import BlendSpec
 from engine.model import LlamaModel
@@ -62,6 +67,7 @@ class BlendResult:
     recompute_idx: torch.Tensor  # positions recomputed at layers >= 2
     num_selected: int  # document tokens picked at the check layer
     num_document_tokens: int
+    layer_rows: int = 0  # rows computed over the layers after the check layer (gradual filtering: more)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,12 +79,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 class Blender:
     def __init__(self, model: LlamaModel, fingerprint: str, store: ChunkStore | None = None,
-                 metrics: BlendMetrics | None = None) -> None:
+                 metrics: BlendMetrics | None = None, selection: Selection | None = None) -> None:
         self.model = model
         self_check(model)  # raises BlendUnsupportedError: refuse loudly
         self.metrics = metrics or BlendMetrics()
         self.bos = model.arch.bos_token_id
         self.chunks = ChunkCache(store or InProcessChunkStore(), fingerprint, self._compute_chunk, self.metrics)
+        self.selection = selection or Selection()  # how the recompute set is chosen (selection.py)
 
     # -- dense prefill (chunks, and the reference) -------------------------------------------
     @torch.inference_mode()
@@ -180,6 +187,12 @@ class Blender:
         n_pick = min(len(cand), int(math.floor(ratio * len(cand) + 0.5)))
         if ratio >= 1.0:  # r = 1 recomputes everything, the exact prefix too: op for op a full prefill
             always = torch.ones_like(doc)
+        if select not in SCORES:
+            raise InvalidBlendRequestError(f"blend select must be one of {SCORES}, got {select!r}", "blend_select")
+        sel = self.selection if select != "random" else Selection()  # the baseline: plain random draws
+        n_start = sel.start_count(n_pick, len(cand))
+        sinks = chunk_sinks([p.start for p in plan.pieces if p.start < N and bool(doc[p.start])], N,
+                            sel.sink_tokens, dev)
         out = torch.empty(a.num_layers, 2, N, a.num_kv_heads, a.head_dim, dtype=m.dtype, device=dev) \
             if collect else None
 
@@ -193,13 +206,18 @@ class Blender:
         h = m.embed[ids]
         idx = pos
         mask = None
+        rows = 0  # rows computed over the selective layers (the recompute cost)
         for layer in range(a.num_layers):
             if layer <= CHECK_LAYER:  # full layers
                 q, k, v = m.qkv(layer, h, pos)
                 h = m.finish_layer(layer, h, attend(q, k, v))
                 emit(layer, k, v)
                 if layer == CHECK_LAYER:
-                    idx = self._select(reK[layer], reV[layer], k, v, cand, n_pick, always, select, generator)
+                    K_old, V_old = k.clone(), v.clone()
+                    K_old[cand], V_old[cand] = reK[layer][cand], reV[layer][cand]
+                    keep = self._choose(select, q[always], pos[always], k, v, K_old, V_old, cand, n_start, sinks,
+                                        generator)
+                    idx = torch.unique(torch.cat([keep, always.nonzero().squeeze(1)]))  # sorted
                     h = h[idx]
                     # exact causal: key position <= query position (all rows: the plain causal kernel,
                     # so r = 1 runs op for op what a full prefill runs)
@@ -207,10 +225,25 @@ class Blender:
                 continue
             K, V = reK[layer], reV[layer]  # this layer's buffer becomes its blended KV
             q, k, v = m.qkv(layer, h, idx)
+            n_next = sel.count_after(layer - CHECK_LAYER, n_pick, n_start)
+            chosen = ~always[idx]  # rows of selected document tokens
+            drop = int(chosen.sum()) - n_next
+            if drop > 0:  # gradual filtering: re-score the kept document tokens at this layer
+                K_new, V_new = K.index_copy(0, idx, k), V.index_copy(0, idx, v)
+                K_old, V_old = K_new.clone(), V_new.clone()
+                c = idx[chosen]
+                K_old[c], V_old[c] = K[c], V[c]
+                keep = self._choose(select, q[~chosen], idx[~chosen], K_new, V_new, K_old, V_old, c, n_next, sinks,
+                                    generator)
             K.index_copy_(0, idx, k)
             V.index_copy_(0, idx, v)
+            rows += len(idx)
             h = m.finish_layer(layer, h, attend(q, K, V, mask))
             emit(layer, K, V)
+            if drop > 0:
+                r = torch.isin(idx, keep) | always[idx]
+                h, idx = h[r], idx[r]
+                mask = pos[None, :] <= idx[:, None]
         logits = m.logits(h[-1:])[0] if want_logits else None
         n_re = len(idx) if a.num_layers > CHECK_LAYER + 1 else N
         mt = self.metrics
@@ -220,18 +253,21 @@ class Blender:
         mt.document_tokens += len(cand)
         mt.selected_document_tokens += n_pick
         mt.blend_seconds += time.perf_counter() - t0
-        return BlendResult(out, logits, idx, n_pick, len(cand))
+        return BlendResult(out, logits, idx, n_pick, len(cand), rows)
 
-    def _select(self, K: torch.Tensor, V: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cand: torch.Tensor,
-                n_pick: int, always: torch.Tensor, select: str, generator: torch.Generator | None) -> torch.Tensor:
-        if n_pick >= len(cand):
-            top = cand
-        elif n_pick == 0:
-            top = cand[:0]
-        elif select == "random":
-            top = cand[torch.randperm(len(cand), generator=generator)[:n_pick].to(cand.device)]
+    def _choose(self, select: str, q: torch.Tensor, qpos: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                k_old: torch.Tensor, v_old: torch.Tensor, cand: torch.Tensor, n: int, sinks: torch.Tensor,
+                generator: torch.Generator | None) -> torch.Tensor:
+        """``n`` of the candidate positions ``cand`` by ``select`` (selection.py). ``k_new``/``v_new``
+        are this layer's K/V over all positions with the candidates fresh, ``k_old``/``v_old`` the
+        same with the candidates reused; ``q`` [m, Hq, D] are the always-recomputed queries (at
+        positions ``qpos``) whose attention output the "attn" score watches."""
+        if select == "random" or n == 0 or n >= len(cand):
+            return pick(None, cand, n, sinks[:0], generator)
+        if select == "attn":
+            scores = attention_deviation(q, qpos, k_new, v_new, k_old, v_old, cand)
+        elif select == "k":
+            scores = kv_deviation(k_new[cand], k_old[cand])
         else:
-            fresh, old = (k, K) if select == "k" else (v, V)
-            dev = (fresh[cand].float() - old[cand].float()).pow(2).sum(dim=(1, 2))
-            top = cand[dev.topk(n_pick).indices]
-        return torch.unique(torch.cat([top, always.nonzero().squeeze(1)]))  # sorted, no duplicates
+            scores = kv_deviation(v_new[cand], v_old[cand])
+        return pick(scores, cand, n, sinks, generator)
