@@ -1,0 +1,134 @@
+"""``make bench``: every quick benchmark, one after another, with the machine facts and a summary.
+
+    python -m bench.run_all [--only tiers,e2e] [--out-dir bench/results]
+
+Each bench runs in its own process (``python -m bench.NAME --quick --out DIR/NAME_quick.json``), so
+one bench's memory or threads never colour the next. Around each run we record what a reader
+needs to judge the figures: cores, load average before and after, OMP_NUM_THREADS (each bench
+records the torch threads it used), the git revision
+(and whether the tree had uncommitted changes). ``DIR/SUMMARY.md`` lists each bench's headline
+figures against their targets, read from the JSON each bench wrote — a figure that is missing is
+shown as missing, never as met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Figure:
+    path: str  # dotted path into the bench's JSON
+    target: float | bool | None  # None: reported, no target
+    better: str = ">="  # ">=" | "<=" | "=="
+
+
+# The headline figures of each quick bench and the targets their issues set.
+BENCHES: dict[str, list[Figure]] = {
+    "engine": [Figure("prefill_ratio", 1.0), Figure("decode_bs8_over_bs1", 3.0), Figure("radix_hit_speedup", 20.0),
+               Figure("fidelity_identical", True, "==")],
+    "tiers": [Figure("tiers.cpu.ratio", 0.9), Figure("tiers.disk.ratio", 0.8), Figure("tiers.s3.ratio", 0.8),
+              Figure("tiers.redis.ratio", 0.9), Figure("tiers.disk.cold_ratio", 0.7), Figure("daemon.vs_redis", 3.0),
+              Figure("daemon.concurrent_scaling", 1.5), Figure("daemon.tcp_get_gbps", 1.0)],
+    "e2e": [Figure("cold_ttft_reps", 3), Figure("load_over_floor_cpu", 2.0, "<="),
+            Figure("cost_model.accuracy", 0.9), Figure("cost_model.regret", 0.05, "<="),
+            Figure("cost_model.grid_cases", 12), Figure("fidelity_identical", True, "==")],
+    "blend": [Figure("default_ratio", None), Figure("blend_beats_reuse0", True, "=="),
+              Figure("blend_beats_random", True, "=="), Figure("ttft_reps", 3), Figure("r100_identical", True, "==")],
+}
+
+
+def lookup(doc: Any, path: str) -> Any:
+    """``doc`` at a dotted ``path``; None when any part is missing."""
+    for part in path.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return None
+        doc = doc[part]
+    return doc
+
+
+_CMP: dict[str, Callable[[Any, Any], bool]] = {
+    ">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, "==": lambda v, t: v == t}
+
+
+def verdict(value: Any, fig: Figure) -> str:
+    """'met' / 'MISSED' / 'missing' / 'reported' for one figure."""
+    if value is None:
+        return "missing"
+    if fig.target is None:
+        return "reported"
+    if isinstance(fig.target, bool) != isinstance(value, bool):
+        return "MISSED"
+    return "met" if _CMP[fig.better](value, fig.target) else "MISSED"
+
+
+def machine_facts() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return r.stdout.strip()
+
+    return {"cores": os.cpu_count(), "loadavg": list(os.getloadavg()), "git_revision": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain")), "python": sys.version.split()[0],
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "time": time.time()}
+
+
+def summary_markdown(runs: dict[str, dict[str, Any]]) -> str:
+    lines = ["# Quick benchmark results", "",
+             "Written by `make bench` (`python -m bench.run_all`). Each figure is read from the JSON its "
+             "bench wrote; targets come from the issues.", ""]
+    for name, run in runs.items():
+        m = run["machine_before"]
+        lines += [f"## {name}", "",
+                  f"`python -m bench.{name} --quick` — exit {run['returncode']}, {run['wall_s']:.0f} s, "
+                  f"{m['cores']} cores, load average {m['loadavg'][0]:.1f} before / "
+                  f"{run['machine_after']['loadavg'][0]:.1f} after, git {m['git_revision'][:10]}"
+                  f"{' (dirty)' if m['git_dirty'] else ''}", "",
+                  "| figure | value | target | |", "|---|---|---|---|"]
+        for fig, value in zip(BENCHES[name], run["figures"], strict=True):
+            target = "—" if fig.target is None else f"{fig.better} {fig.target}"
+            shown = f"{value:.3g}" if isinstance(value, float) else str(value)
+            lines.append(f"| `{fig.path}` | {shown} | {target} | {verdict(value, fig)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_one(name: str, out_dir: Path) -> dict[str, Any]:
+    out = out_dir / f"{name}_quick.json"
+    before = machine_facts()
+    t0 = time.monotonic()
+    rc = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)], cwd=ROOT).returncode
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    return {"returncode": rc, "wall_s": time.monotonic() - t0, "machine_before": before,
+            "machine_after": machine_facts(), "figures": [lookup(doc, f.path) for f in BENCHES[name]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(BENCHES)}")
+    ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    a = ap.parse_args(argv)
+    names = [n for n in a.only.split(",") if n] or list(BENCHES)
+    if unknown := set(names) - set(BENCHES):
+        ap.error(f"unknown bench {sorted(unknown)}; choose from {', '.join(BENCHES)}")
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = {name: run_one(name, out_dir) for name in names}
+    (out_dir / "run_all.json").write_text(json.dumps(runs, indent=2, default=str))
+    (out_dir / "SUMMARY.md").write_text(summary_markdown(runs))
+    print(summary_markdown(runs))
+    return max(r["returncode"] for r in runs.values())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

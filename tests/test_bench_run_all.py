@@ -1,0 +1,48 @@
+"""make bench's summary: how a figure is read and judged (pure functions, synthetic inputs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.run_all import BENCHES, Figure, lookup, main, summary_markdown, verdict
+
+
+def test_lookup_walks_dotted_paths_and_reports_missing() -> None:
+    doc = {"tiers": {"cpu": {"ratio": 0.93}}, "flag": False}
+    assert lookup(doc, "tiers.cpu.ratio") == 0.93
+    assert lookup(doc, "flag") is False
+    assert lookup(doc, "tiers.disk.ratio") is None
+    assert lookup(doc, "tiers.cpu.ratio.deeper") is None
+
+
+@pytest.mark.parametrize("value,fig,want", [
+    (0.91, Figure("x", 0.9), "met"),
+    (0.89, Figure("x", 0.9), "MISSED"),
+    (2.1, Figure("x", 2.0, "<="), "MISSED"),
+    (1.9, Figure("x", 2.0, "<="), "met"),
+    (True, Figure("x", True, "=="), "met"),
+    (False, Figure("x", True, "=="), "MISSED"),
+    (1, Figure("x", True, "=="), "MISSED"),  # a number where a boolean is due is not a pass
+    (True, Figure("x", 0.5), "MISSED"),  # nor a boolean where a number is due
+    (None, Figure("x", 0.9), "missing"),  # never shown as met
+    (0.15, Figure("x", None), "reported"),
+])
+def test_verdict(value: object, fig: Figure, want: str) -> None:
+    assert verdict(value, fig) == want
+
+
+def test_summary_lists_every_figure_with_its_verdict() -> None:
+    machine = {"cores": 2, "loadavg": [1.5, 1.0, 0.5], "git_revision": "abcdef1234567", "git_dirty": True}
+    figs = [0.95, 0.5, None, 0.9, 0.75, 4.0, 1.6, 0.3]
+    run = {"returncode": 0, "wall_s": 42.0, "machine_before": machine,
+           "machine_after": {**machine, "loadavg": [2.5, 1, 1]}, "figures": figs}
+    md = summary_markdown({"tiers": run})
+    assert "load average 1.5 before / 2.5 after" in md and "(dirty)" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| `")]
+    assert len(rows) == len(BENCHES["tiers"])
+    assert rows[1].endswith("MISSED |") and rows[2].endswith("missing |") and rows[0].endswith("met |")
+
+
+def test_unknown_bench_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        main(["--only", "nope"])
