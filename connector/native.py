@@ -20,6 +20,7 @@ import ctypes
 import functools
 import importlib.machinery
 import logging
+import operator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 _I64x3 = ctypes.c_int64 * 3
+_PAGES = ctypes.POINTER(ctypes.c_int64)
 
 
 class NativeStatus(NamedTuple):
@@ -70,15 +72,15 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot load {path.name} or the xxhash entry points: {e}"
     lib.tkv_init.argtypes = [ctypes.c_void_p] * 5
     lib.tkv_copy_hash.argtypes = [
-        ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, _I64x3, ctypes.c_void_p,
-        ctypes.c_void_p, _I64x3, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+        ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, _I64x3, _PAGES,
+        ctypes.c_void_p, _I64x3, _PAGES, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
         ctypes.POINTER(ctypes.c_uint64),
     ]
     if lib.tkv_abi_version() != 1 or lib.tkv_init(*fns) != 0:
         return None, f"{path.name} has an unexpected interface (rebuild it)"
     probe = np.arange(3 * 2 * 5 * 40, dtype=np.uint8).reshape(3, 2, 5, 40)
     out = np.empty(3 * 2 * 2 * 40, dtype=np.uint8)
-    got = _pack_native(lib, b"probe", probe, np.array([4, 1], dtype=np.int64), out)
+    got = _pack_native(lib, b"probe", probe, _page_ids([4, 1], 5), out)
     want = xxhash.xxh3_64(b"probe" + np.ascontiguousarray(probe[:, :, [4, 1]]).tobytes()).intdigest()
     if got != want or not np.array_equal(out.reshape(3, 2, 2, 40), probe[:, :, [4, 1]]):
         return None, "self-test against python-xxhash failed"
@@ -122,16 +124,18 @@ def _pool_view(pool: np.ndarray, writable: bool) -> np.ndarray:
     return pool
 
 
-def _page_ids(pages: Sequence[int], num_pages: int) -> np.ndarray:
-    ids = np.asarray(pages)
-    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
-        raise ValueError(f"pages must be a non-empty sequence of integers, got {pages!r}")
-    ids = ids.astype(np.int64)
-    if ids.min() < 0 or ids.max() >= num_pages:
-        raise ValueError(f"page index outside 0..{num_pages - 1}: {ids.tolist()}")
-    if np.unique(ids).size != ids.size:
-        raise ValueError(f"duplicate page in {ids.tolist()}")
-    return ids
+def _page_ids(pages: Sequence[int], num_pages: int) -> ctypes.Array:
+    try:
+        ids = [operator.index(p) for p in pages]
+    except TypeError as e:
+        raise ValueError(f"pages must be integers, got {pages!r}") from e
+    if not ids:
+        raise ValueError("pages is empty")
+    if min(ids) < 0 or max(ids) >= num_pages:
+        raise ValueError(f"page index outside 0..{num_pages - 1}: {ids}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate page in {ids}")
+    return (ctypes.c_int64 * len(ids))(*ids)
 
 
 def _flat(buf: Buffer, nbytes: int, what: str, writable: bool) -> np.ndarray:
@@ -161,11 +165,11 @@ def _strides(a: np.ndarray) -> ctypes.Array:
     return _I64x3(*a.strides[:3])
 
 
-def _pack_native(lib: ctypes.CDLL, prefix: bytes, pool: np.ndarray, ids: np.ndarray, out: np.ndarray) -> int:
+def _pack_native(lib: ctypes.CDLL, prefix: bytes, pool: np.ndarray, ids: ctypes.Array, out: np.ndarray) -> int:
     layers, _, _, seg = pool.shape
-    n = ids.size
+    n = len(ids)
     digest = ctypes.c_uint64()
-    rc = lib.tkv_copy_hash(prefix, len(prefix), pool.ctypes.data, _strides(pool), ids.ctypes.data,
+    rc = lib.tkv_copy_hash(prefix, len(prefix), pool.ctypes.data, _strides(pool), ids,
                            out.ctypes.data, _I64x3(2 * n * seg, n * seg, seg), None, layers, n, seg,
                            ctypes.byref(digest))
     if rc != 0:
@@ -186,7 +190,7 @@ def unpack_verify(header: BlockHeader, payload: Buffer, pool: np.ndarray, pages:
     pool = _pool_view(pool, writable=True)
     layers, _, num_pages, seg = pool.shape
     ids = _page_ids(pages, num_pages)
-    n = ids.size
+    n = len(ids)
     src = _flat(payload, layers * 2 * n * seg, "payload", writable=False)
     if header.payload_len != src.nbytes:
         raise ValueError(f"header says {header.payload_len} payload bytes, got {src.nbytes}")
@@ -195,13 +199,13 @@ def unpack_verify(header: BlockHeader, payload: Buffer, pool: np.ndarray, pages:
     if lib is not None:
         digest = ctypes.c_uint64()
         rc = lib.tkv_copy_hash(prefix, len(prefix), src.ctypes.data, _I64x3(2 * n * seg, n * seg, seg), None,
-                               pool.ctypes.data, _strides(pool), ids.ctypes.data, layers, n, seg,
+                               pool.ctypes.data, _strides(pool), ids, layers, n, seg,
                                ctypes.byref(digest))
         if rc != 0:
             raise RuntimeError(f"tkv_copy_hash failed ({rc})")
         got = digest.value
     else:
-        pool[:, :, ids] = src.reshape(layers, 2, n, seg)
+        pool[:, :, list(ids)] = src.reshape(layers, 2, n, seg)
         h = xxhash.xxh3_64(prefix)
         for layer in range(layers):
             for kv in (0, 1):
@@ -219,12 +223,12 @@ def pack_checksum(prefix: bytes, pool: np.ndarray, pages: Sequence[int], out: Bu
     pool = _pool_view(pool, writable=False)
     layers, _, num_pages, seg = pool.shape
     ids = _page_ids(pages, num_pages)
-    dst = _flat(out, layers * 2 * ids.size * seg, "out", writable=True)
+    dst = _flat(out, layers * 2 * len(ids) * seg, "out", writable=True)
     prefix = bytes(prefix)
     lib = _native_ok(pool, use_native)
     if lib is not None:
         return _pack_native(lib, prefix, pool, ids, dst)
-    dst.reshape(layers, 2, ids.size, seg)[:] = pool[:, :, ids]
+    dst.reshape(layers, 2, len(ids), seg)[:] = pool[:, :, list(ids)]
     h = xxhash.xxh3_64(prefix)
     h.update(dst)
     return h.intdigest()
