@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m engine.demo --with-kvstore
+	$(BIN)/python -m connector.demo --with-kvstore
 
 system-deps:
 	bash scripts/system-deps.sh

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from connector.attach import attach_kvstore, detach_kvstore
+from connector.wiring import attach_tierkv, detach_tierkv
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.model_loader import load_model
@@ -70,7 +70,7 @@ class Bench:
         return eng
 
     def attach(self, eng: LLMEngine, address: str, **kw: object):
-        conn = attach_kvstore(eng, address, prefill=self.prefill, **kw)
+        conn = attach_tierkv(eng, address, prefill=self.prefill, **kw)
         self.prefill = conn.cost.prefill  # calibrate once per process
         return conn
 
@@ -120,12 +120,12 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
     m = eng.radix.match_prefix(ids[:full], record_stats=False, salt=salt)
     warm, warm_runs, decisions, kv_bytes = {}, {}, {}, 0
     for address in daemons.values():  # offload through the connector's own path, then reload
-        conn = b.attach(eng, address, policy="auto")
+        conn = b.attach(eng, address, load_mode="auto")
         conn.save(conn.keyspace.keys(ids[:full], salt), m.pages)
-        conn.wait_for_save(300)
-        detach_kvstore(eng)
+        conn.flush(300)
+        detach_tierkv(eng)
     engines = {tier: b.engine(pages) for tier in daemons}  # one reader per tier, runs interleaved
-    conns = {tier: b.attach(engines[tier], address, policy="auto") for tier, address in daemons.items()}
+    conns = {tier: b.attach(engines[tier], address, load_mode="auto") for tier, address in daemons.items()}
     ts: dict[str, list[float]] = {tier: [] for tier in daemons}
     for i in range(reps + 1):  # round 0 is a discarded warm-up; rounds alternate the tiers
         for tier in daemons:
@@ -134,20 +134,20 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
             conn.known.discard(conn.keyspace.keys(ids, salt))
             t, _, r = run(eng2, ids, 8, salt)
             outputs[tier] = r.output_ids
-            d = r.extra.get("kv_decision")
+            d = r.kv.decision if r.kv is not None else None
             decisions[tier] = d._asdict() if d else None
             if tier == "cpu":
                 kv_bytes = (d.pages if d else 0) * eng2.pool.bytes_per_page
             if i:
                 ts[tier].append(t)
-                warm_runs.setdefault(tier, []).append({"ttft_s": t, "load_s": r.extra.get("kv_load_s")})
+                warm_runs.setdefault(tier, []).append({"ttft_s": t, "load_s": r.kv.load_s if r.kv is not None else None})
         t, _, r = run(eng, ids, 8, salt)  # the local radix hit: the suffix compute alone, same round
         outputs["radix"] = r.output_ids
         if i:
             radix_ttfts.append(t)
     for tier, eng2 in engines.items():
         warm[tier] = statistics.median(ts[tier])
-        detach_kvstore(eng2)
+        detach_tierkv(eng2)
     bw = memcpy_bandwidth()
     suffix = statistics.median(radix_ttfts)
     floor = kv_bytes / bw + suffix
@@ -166,20 +166,20 @@ def replicas(b: Bench, address: str, n_docs: int, doc_len: int) -> dict:
     docs = [b.text(doc_len) for _ in range(n_docs)]
     pages = (doc_len + 128) // 16 * 2
     first, second = b.engine(pages), b.engine(pages)
-    c1 = b.attach(first, address, policy="auto", write_through=True)
-    c2 = b.attach(second, address, policy="auto", write_through=True)
+    c1 = b.attach(first, address, load_mode="auto", write_through=True)
+    c2 = b.attach(second, address, load_mode="auto", write_through=True)
     rows, shared_tokens, ttfts = [], 0, []
     for doc in docs:
         run(first, doc + b.text(20), 8, salt)
-    c1.wait_for_save(300)
+    c1.flush(300)
     for doc in docs:
         t, _, r = run(second, doc + b.text(20), 8, salt)
         ttfts.append(t)
         shared_tokens += doc_len // 16 * 16
         rows.append({"ttft_s": t, "cached_tokens": r.cached_tokens})
     loaded = sum(loaded_by_tier(c2).values())
-    detach_kvstore(first)
-    detach_kvstore(second)
+    detach_tierkv(first)
+    detach_tierkv(second)
     return {"docs": n_docs, "doc_tokens": doc_len, "second_replica": rows, "prefix_tokens": shared_tokens,
             "loaded_from_daemon_tokens": loaded, "replica_hit_rate": loaded / shared_tokens}
 
@@ -196,11 +196,11 @@ def sweep(b: Bench, daemons: dict[str, str], lengths: list[int], throttles: list
     m = eng.radix.match_prefix(doc[:full], record_stats=False, salt=salt)
     cases = []
     for tier, address in daemons.items():
-        conn = b.attach(eng, address, policy="always")
+        conn = b.attach(eng, address, load_mode="always")
         # the truth of a load is its full time: no deadline cuts it short in the sweep
         conn.cfg = dataclasses.replace(conn.cfg, load_deadline_min_s=600.0)
         conn.save(conn.keyspace.keys(doc[:full], salt), m.pages)
-        conn.wait_for_save(300)
+        conn.flush(300)
         for thr in throttles if tier in throttled_tiers else [0.0]:
             conn.loader.throttle_bps = thr
             warm_ids = doc[: min(lengths)] + q  # one load to let the EWMA see this bandwidth
@@ -214,17 +214,17 @@ def sweep(b: Bench, daemons: dict[str, str], lengths: list[int], throttles: list
                 eng.radix.reset()
                 conn.known.discard(conn.keyspace.keys(ids, salt))
                 tiers = conn.loader.lookup(conn.keyspace.keys(ids[: (len(ids) - 1) // 16 * 16], salt), 5.0)
-                conn.cost.policy = "auto"
+                conn.cost.load_mode = "auto"
                 auto = conn.cost.decide(0, len(ids), tiers)
-                conn.cost.policy = "always"
+                conn.cost.load_mode = "always"
                 load_all = conn.cost.decide(0, len(ids), tiers)
                 t_load = run(eng, ids, 1, salt)[0]
                 # the no-load option measured right after (other processes share this machine:
                 # both options must be timed under the same load), through the same connector
-                conn.cost.policy = "never"
+                conn.cost.load_mode = "never"
                 eng.radix.reset()
                 t_rec = run(eng, ids, 1, salt)[0]
-                conn.cost.policy = "always"
+                conn.cost.load_mode = "always"
                 picked_load = auto.pages > 0
                 correct = picked_load == (t_load < t_rec)
                 cases.append({
@@ -238,7 +238,7 @@ def sweep(b: Bench, daemons: dict[str, str], lengths: list[int], throttles: list
                          n, auto.outcome, load_all.predicted_total_s, auto.predicted_recompute_s, t_load, t_rec,
                          "" if correct else "  WRONG")
         conn.loader.throttle_bps = 0.0
-        detach_kvstore(eng)
+        detach_tierkv(eng)
     # every prediction against its own measurement: a load and a recompute per case
     load_err = [abs(c["predicted_load_ttft_s"] - c["measured_load_ttft_s"]) / c["measured_load_ttft_s"] for c in cases]
     rec_err = [abs(c["predicted_recompute_s"] - c["measured_recompute_ttft_s"]) / c["measured_recompute_ttft_s"]
@@ -264,7 +264,7 @@ def _chat_requests(b: Bench, users: int, turns: int, system_len: int):
 def workload(b: Bench, kind: str, config: str, address: str | None, spec: dict) -> tuple[dict, list]:
     salt = f"{kind}-{config}-" + uuid.uuid4().hex[:6]
     eng = b.engine(spec["pages"])
-    conn = b.attach(eng, address, policy="auto") if address else None
+    conn = b.attach(eng, address, load_mode="auto") if address else None
     ttfts, outputs, gen_tokens, prompt_tokens, cached = [], [], 0, 0, 0
     t0 = time.monotonic()
 
@@ -293,7 +293,7 @@ def workload(b: Bench, kind: str, config: str, address: str | None, spec: dict) 
     wall = time.monotonic() - t0
     by_tier = loaded_by_tier(conn) if conn else {}
     if conn:
-        detach_kvstore(eng)
+        detach_tierkv(eng)
     loaded = sum(by_tier.values())
     row = {"config": config, "requests": len(ttfts), "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
            "throughput_tokens_per_s": gen_tokens / wall, "prompt_tokens_per_s": prompt_tokens / wall,

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from connector.cost_model import PrefillModel
+from connector.dtypes import to_block_array
 from connector.loader import Loader
-from connector.offload import LAYOUT, block_array
+from connector.offload import LAYOUT
 from engine.forward_batch import ForwardBatch
 from kvstore.block import encode_block
 from kvstore.client import KVStoreClient
@@ -29,13 +30,13 @@ _PREFILL_CACHE: dict[tuple, PrefillModel] = {}
 
 
 def _with_scratch(engine, n_pages: int, fn: Callable[[list[int]], float]) -> float | None:
-    pages = engine.pool.allocator.alloc(n_pages)
+    pages = engine.scheduler.alloc(n_pages)  # the PageSource hooks use
     if pages is None:
         return None
     try:
         return fn(pages)
     finally:
-        engine.pool.allocator.decref(pages)
+        engine.scheduler.free(pages)
 
 
 def time_prefill(engine, new: int, ctx: int) -> float | None:
@@ -87,7 +88,7 @@ def probe_daemon(client: KVStoreClient, loader: Loader, engine, n_blocks: int = 
     keys = [b"tierkv-probe-" + rng.bytes(8) for _ in range(n_blocks)]
     shape = pool.block_shape()
     block = torch.zeros(shape, dtype=pool.dtype)
-    arr, dtype = block_array(block)
+    arr, dtype = to_block_array(block)
     client.deadline_s = deadline_s
     client.put_many([(k, encode_block(k, arr, dtype=dtype, shape=arr.shape, layout=LAYOUT)) for k in keys])
     try:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-POLICIES = ("auto", "always", "never")
+from engine.env import env_overrides
+
+LOAD_MODES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
 class ConnectorConfig:
     address: str  # kvstore daemon HOST:PORT
-    policy: str = "auto"  # auto = cost model; always = load every hit; never = never load (recompute)
+    load_mode: str = "auto"  # auto = the cost model decides; always = load every hit; never = always recompute
     write_through: bool = False  # also offload a request's full pages when it finishes
     offload_on_evict: bool = True  # offload radix leaves as they are evicted
     lookup_deadline_s: float = 0.25  # one Lookup RPC
@@ -33,8 +34,8 @@ class ConnectorConfig:
         host, _, port = self.address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"kvstore address must be HOST:PORT, got {self.address!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.load_mode not in LOAD_MODES:
+            raise ValueError(f"load_mode must be one of {LOAD_MODES}, got {self.load_mode!r}")
         for name in ("lookup_deadline_s", "load_deadline_min_s", "load_deadline_factor", "offload_deadline_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
@@ -48,18 +49,6 @@ class ConnectorConfig:
     @staticmethod
     def from_env(address: str, **overrides: object) -> ConnectorConfig:
         """Defaults < TIERKV_CONNECTOR_* environment < explicit overrides."""
-        kw: dict[str, object] = {}
-        for f in fields(ConnectorConfig):
-            raw = os.environ.get(f"TIERKV_CONNECTOR_{f.name.upper()}")
-            if raw is None or f.name in ("address", "prefill_coeffs", "use_shm"):
-                continue
-            if f.type in ("bool", bool):
-                kw[f.name] = raw.lower() in ("1", "true", "yes", "on")
-            elif f.type in ("int", int):
-                kw[f.name] = int(raw)
-            elif f.type in ("float", float):
-                kw[f.name] = float(raw)
-            else:
-                kw[f.name] = raw
+        kw = env_overrides(ConnectorConfig, "TIERKV_CONNECTOR_", skip=("address", "prefill_coeffs", "use_shm"))
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return ConnectorConfig(address=address, **kw)  # type: ignore[arg-type]

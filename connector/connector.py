@@ -1,15 +1,19 @@
 """KVConnector: the engine-side half of tierkv — offload, lookup, cost model, load.
 
-It plugs into the engine in two places: as an AdmissionHook of the scheduler (``on_admit`` after
-the local radix match, ``on_finish`` before a finished request's pages are released) and as an
-evict listener of the radix cache. The method names of the vLLM KV connector V1 map onto ours as
-documented in connector/__init__.py.
+It plugs into the engine in two places: as an admission hook (``propose`` after the local radix
+match: look up the next full pages in the daemon, let the cost model decide, load them into fresh
+pages and propose them as an exact extension; ``on_finish`` offloads with write-through) and as
+an evict listener of the radix cache (``on_evict``). connector/__init__.py maps these onto the
+vLLM KV connector V1 names.
+
+The daemon's answers keep ``KnownKeys`` honest: a key a lookup or a load finds missing is
+forgotten (so its page is offloaded again when evicted), and a block that fails its checksum is
+deleted from the daemon and forgotten too (the recomputed page replaces it).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import NamedTuple
 
@@ -19,6 +23,8 @@ from connector.keys import KeySpace
 from connector.loader import Loader
 from connector.metrics import ConnectorMetrics
 from connector.offload import KnownKeys, Offloader
+from connector.state import KVState
+from engine.hooks import PageSource, PrefixExtension
 from engine.radix_cache import EvictedNode
 from engine.request import Request
 from kvstore.client import KVStoreClient
@@ -30,12 +36,11 @@ log = logging.getLogger(__name__)
 
 
 class LoadPlan(NamedTuple):
-    """What the scheduler side decided for one request (vLLM: the external-token count)."""
+    """Which daemon blocks one request will load, decided before any page is taken."""
 
     keys: list[BlockKey]  # keys of the pages to load, in order
     tiers: list[str | None]
     decision: Decision
-    start_page: int  # index of the first page to load in the request's page table
 
 
 class KVConnector:
@@ -62,15 +67,14 @@ class KVConnector:
                 prefill = calibrate_prefill(engine)
             else:
                 prefill = PrefillModel(*config.prefill_coeffs)
-        self.cost = CostModel(prefill, self.pool.bytes_per_page, self.page_size, config.ewma_alpha, config.policy)
+        self.cost = CostModel(prefill, self.pool.bytes_per_page, self.page_size, config.ewma_alpha,
+                              config.load_mode)
         self._down_until = 0.0
-        self._lock = threading.Lock()
-        self.decisions: list[tuple[str, Decision, float]] = []  # (rid, decision, measured load s), last 1000
         if config.probe:
-            self.probe()
+            self._probe()
 
     # -- start-up ---------------------------------------------------------------------------
-    def probe(self) -> None:
+    def _probe(self) -> None:
         from connector.calibrate import probe_daemon
 
         try:
@@ -81,7 +85,7 @@ class KVConnector:
         if res is not None:
             self.cost.seed(*res)
 
-    # -- scheduler side (vLLM: get_num_new_matched_tokens / update_state_after_alloc) --------
+    # -- deciding what to load ----------------------------------------------------------------
     def _daemon_up(self) -> bool:
         return time.monotonic() >= self._down_until
 
@@ -89,27 +93,34 @@ class KVConnector:
         self._down_until = time.monotonic() + self.cfg.down_backoff_s
         log.warning("kvstore daemon unusable (%s); recomputing for %.1fs", why, self.cfg.down_backoff_s)
 
-    def request_keys(self, req: Request, n_pages: int) -> list[BlockKey]:
-        keys = req.extra.get("kv_keys")
-        if keys is None or len(keys) < n_pages:
-            keys = self.keyspace.keys(req.all_ids[: n_pages * self.page_size], req.cache_salt)
-            req.extra["kv_keys"] = keys
-        return keys[:n_pages]
+    def _state(self, req: Request) -> KVState:
+        if req.kv is None:
+            req.kv = KVState()
+        assert isinstance(req.kv, KVState)
+        return req.kv
 
-    def get_num_new_matched_tokens(self, req: Request) -> LoadPlan | None:
-        """After the local match: which of the next full pages to load (None: nothing to do)."""
+    def _keys(self, req: Request, n_pages: int) -> list[BlockKey]:
+        st = self._state(req)
+        if len(st.keys) < n_pages:
+            st.keys = self.keyspace.keys(req.all_ids[: n_pages * self.page_size], req.cache_salt)
+        return st.keys[:n_pages]
+
+    def plan_load(self, req: Request) -> LoadPlan | None:
+        """After the local match: look up the next full pages and let the cost model pick how many
+        to load (None: nothing to load)."""
         ps = self.page_size
         start = req.num_computed // ps
         loadable = (req.num_tokens - 1) // ps  # leave at least one token to compute (its logits)
         if loadable <= start or not self._daemon_up():
             return None
-        keys = self.request_keys(req, loadable)[start:]
+        keys = self._keys(req, loadable)[start:]
         try:
             tiers = self.loader.lookup(keys, self.cfg.lookup_deadline_s)
         except KVStoreError as e:
             self.metrics.lookups.labels("error").inc()
             self._mark_down(str(e))
             return None
+        self.known.discard(keys[len(tiers):])  # the daemon lost or never had these: offload them again
         self.metrics.lookups.labels("hit" if tiers else "miss").inc()
         if not tiers:
             return None
@@ -121,15 +132,12 @@ class KVConnector:
         if d.pages == 0:
             self._record(req, d, 0.0)
             return None
-        return LoadPlan(keys[: d.pages], tiers[: d.pages], d, start)
+        return LoadPlan(keys[: d.pages], tiers[: d.pages], d)
 
-    def update_state_after_alloc(self, req: Request, plan: LoadPlan, scheduler) -> list[int] | None:
-        return scheduler.alloc(len(plan.keys))
-
-    # -- worker side (vLLM: start_load_kv / wait_for_layer_load) ------------------------------
-    def start_load(self, req: Request, plan: LoadPlan, pages: list[int]) -> int:
-        """Load ``plan`` into ``pages``; return how many leading pages arrived intact. Whole-prefix
-        load before the forward pass: on CPU a layer-wise overlap has nothing to overlap with."""
+    # -- loading ------------------------------------------------------------------------------
+    def load(self, req: Request, plan: LoadPlan, pages: list[int]) -> int:
+        """Load ``plan`` into ``pages``; return how many leading pages arrived intact. The whole
+        prefix loads before the forward pass (on CPU a layer-wise overlap has nothing to overlap)."""
         d = plan.decision
         saved = max(d.predicted_recompute_s - d.predicted_compute_s, 0.0)  # the recompute this load replaces
         deadline = max(self.cfg.load_deadline_min_s, self.cfg.load_deadline_factor * d.predicted_load_s, saved)
@@ -139,6 +147,9 @@ class KVConnector:
             self.metrics.load_failures.labels(res.failure).inc()
             if res.failure == "unavailable" or (res.failure == "deadline" and res.pages_ok == 0):
                 self._mark_down(res.failure)
+            elif res.failure in ("checksum", "missing"):
+                self._forget(plan.keys[res.pages_ok:], corrupt=plan.keys[res.pages_ok] if res.failure == "checksum"
+                             else None)
         if res.pages_ok == len(plan.keys):
             self.cost.observe(plan.tiers, res.seconds)
             pred = plan.decision.predicted_load_s
@@ -152,54 +163,44 @@ class KVConnector:
         self._record(req, plan.decision, res.seconds)
         return res.pages_ok
 
-    def wait_for_layer_load(self, layer: int) -> None:
-        """Loads complete before the forward pass starts, so every layer is always ready."""
+    def _forget(self, keys: list[BlockKey], corrupt: BlockKey | None) -> None:
+        """Keys past a failed load are not (usably) in the daemon: forget them so that the recomputed
+        pages are offloaded again; a corrupt block is deleted first, or the re-offload would be
+        skipped as already held."""
+        if corrupt is not None:
+            try:
+                self._load_client.delete(corrupt)
+                self.metrics.corrupt_deleted.inc()
+            except KVStoreError as e:
+                log.warning("could not delete a corrupt block from the daemon (%s)", e)
+        self.known.discard(keys)
 
     def _record(self, req: Request, d: Decision, seconds: float) -> None:
-        req.extra["kv_decision"] = d
-        req.extra["kv_load_s"] = seconds
-        with self._lock:
-            self.decisions.append((req.rid, d, seconds))
-            del self.decisions[:-1000]
+        st = self._state(req)
+        st.decision = d
+        st.load_s = seconds
 
-    # -- AdmissionHook ----------------------------------------------------------------------
-    def on_admit(self, req: Request, scheduler) -> None:
-        plan = self.get_num_new_matched_tokens(req)
+    # -- admission hook -----------------------------------------------------------------------
+    def propose(self, req: Request, pages: PageSource) -> PrefixExtension | None:
+        plan = self.plan_load(req)
         if plan is None:
-            return
-        pages = self.update_state_after_alloc(req, plan, scheduler)
-        if pages is None:
+            return None
+        fresh = pages.alloc(len(plan.keys))
+        if fresh is None:
             self.metrics.load_failures.labels("no_pages").inc()
-            return
-        n = self.start_load(req, plan, pages)
-        if n < len(pages):
-            self.pool.allocator.decref(pages[n:])
-        if n == 0:
-            return
-        ps = self.page_size
-        req.pages.extend(pages[:n])
-        req.num_computed += n * ps
-        # into the radix tree at once, so requests admitted next share these pages
-        radix = scheduler.radix
-        radix.insert(req.all_ids[: req.num_computed], req.pages[: req.num_computed // ps], salt=req.cache_salt)
-        m = radix.match_prefix(req.all_ids[: req.num_computed], record_stats=False, salt=req.cache_salt)
-        radix.lock(m.node)
-        if req.radix_node is not None:
-            radix.unlock(req.radix_node)
-        req.radix_node = m.node
+            return None
+        n = self.load(req, plan, fresh)
+        return PrefixExtension(fresh, n * self.page_size, exact=True)
 
-    def on_finish(self, req: Request, scheduler) -> None:
-        """vLLM: request_finished. With write-through, offload the request's full pages now."""
+    def on_finish(self, req: Request) -> None:
+        """With write-through, offload the request's full exact pages now (never approximate KV)."""
         if not self.cfg.write_through:
             return
-        n = min(req.num_computed // self.page_size, len(req.pages))
-        limit = getattr(req, "cache_limit", None)  # CacheBlend: approximate KV past it never leaves
-        if limit is not None:
-            n = min(n, limit // self.page_size)
+        n = min(req.exact_tokens // self.page_size, len(req.pages))
         if n:
-            self.save(self.request_keys(req, n), req.pages[:n])
+            self.save(self._keys(req, n), req.pages[:n])
 
-    # -- offload (vLLM: save_kv_layer / wait_for_save) -----------------------------------------
+    # -- offload ------------------------------------------------------------------------------
     def save(self, keys: list[BlockKey], pages: list[int]) -> None:
         """Copy pages out (they may be freed right after) and queue them for the daemon."""
         todo = [(k, p) for k, p in zip(keys, pages, strict=True) if k not in self.known]
@@ -226,8 +227,9 @@ class KVConnector:
             self.metrics.offload_blocks.labels("failed").inc(len(keys))
             log.warning("offload on evict failed: %s", e)
 
-    def wait_for_save(self, timeout: float = 30.0) -> bool:
-        return self.offloader.flush(timeout)
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every staged offload was sent (or dropped); False if ``timeout_s`` passed."""
+        return self.offloader.flush(timeout_s)
 
     def close(self) -> None:
         self.offloader.close()

@@ -90,12 +90,12 @@ class Decision(NamedTuple):
 
 class CostModel:
     def __init__(self, prefill: PrefillModel, bytes_per_page: int, page_size: int, alpha: float = 0.3,
-                 policy: str = "auto") -> None:
+                 load_mode: str = "auto") -> None:
         self.prefill = prefill
         self.bytes_per_page = bytes_per_page
         self.page_size = page_size
         self.alpha = alpha
-        self.policy = policy
+        self.load_mode = load_mode  # auto: cheapest of load k pages + compute; always; never
         self.tiers: dict[str, TierModel] = {}
         self._lock = threading.Lock()
 
@@ -158,9 +158,9 @@ class CostModel:
         avail = len(tiers)
         recompute = self.prefill.predict(total_tokens - cached_tokens, cached_tokens)
         best_k, best_t, best_load = 0, recompute, 0.0
-        if self.policy == "always":
+        if self.load_mode == "always":
             candidates = [avail]
-        elif self.policy == "never":
+        elif self.load_mode == "never":
             candidates = []
         else:
             candidates = range(1, avail + 1)
@@ -168,7 +168,7 @@ class CostModel:
             load = self.load_time(tiers[:k])
             ctx = cached_tokens + k * ps
             total = load + self.prefill.predict(total_tokens - ctx, ctx)
-            if total < best_t or self.policy == "always":
+            if total < best_t or self.load_mode == "always":
                 best_k, best_t, best_load = k, total, load
         outcome = "recompute" if best_k == 0 else ("load_all" if best_k == avail else "load_partial")
         counts: dict[str, int] = {}

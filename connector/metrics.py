@@ -20,6 +20,8 @@ class ConnectorMetrics:
         self.load_failures = Counter("tierkv_connector_load_failures", "Loads cut short", ["reason"], registry=r)
         self.offload_blocks = Counter("tierkv_connector_offload_blocks", "Blocks handed to the offloader",
                                       ["result"], registry=r)  # sent | skipped_known | skipped_held | dropped | failed
+        self.corrupt_deleted = Counter("tierkv_connector_corrupt_blocks_deleted",
+                                       "Blocks a load found corrupt, deleted from the daemon", registry=r)
         self.offload_bytes = Counter("tierkv_connector_offload_bytes", "Bytes sent to the daemon", registry=r)
         self.offload_queue_bytes = Gauge("tierkv_connector_offload_queue_bytes", "Staged bytes waiting to be sent",
                                          registry=r)
@@ -29,7 +31,7 @@ class ConnectorMetrics:
 
     def collectors(self) -> list:
         return [self.decisions, self.lookups, self.loaded_tokens, self.load_seconds, self.load_failures,
-                self.offload_blocks, self.offload_bytes, self.offload_queue_bytes, self.prediction_error]
+                self.offload_blocks, self.corrupt_deleted, self.offload_bytes, self.offload_queue_bytes, self.prediction_error]
 
     def value(self, name: str, **labels: str) -> float:
         v = self.registry.get_sample_value(name, labels or None)

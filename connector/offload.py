@@ -15,9 +15,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
+from connector.dtypes import to_block_array
 from connector.metrics import ConnectorMetrics
 from kvstore.block import encode_block
 from kvstore.client import KVStoreClient
@@ -53,14 +53,6 @@ class KnownKeys:
                 self._d.pop(k, None)
 
 
-def block_array(t: torch.Tensor) -> tuple[np.ndarray, str]:
-    """A page's KV as a numpy array plus the block dtype name (bf16 travels as raw 16-bit)."""
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy(), "bfloat16"
-    a = t.contiguous().numpy()
-    return a, a.dtype.str
-
-
 class Offloader:
     def __init__(self, client: KVStoreClient, metrics: ConnectorMetrics, known: KnownKeys,
                  queue_bytes: int, batch_bytes: int) -> None:
@@ -74,8 +66,6 @@ class Offloader:
         self._busy = False
         self._cv = threading.Condition()
         self._stop = False
-        self.sent = 0
-        self.failed = 0
         self._thread = threading.Thread(target=self._run, name="kv-offload", daemon=True)
         self._thread.start()
 
@@ -137,7 +127,6 @@ class Offloader:
                 self._send(batch)
             except Exception as e:  # noqa: BLE001 - offload failures are counted, never raised
                 n = sum(len(k) for k, _ in batch)
-                self.failed += n
                 self.metrics.offload_blocks.labels("failed").inc(n)
                 log.warning("offload of %d blocks failed: %s", n, e)
             finally:
@@ -157,11 +146,10 @@ class Offloader:
             return
         items, dtype = [], ""
         for i in todo:
-            arr, dtype = block_array(rows[i])
+            arr, dtype = to_block_array(rows[i])
             items.append((keys[i], encode_block(keys[i], arr, dtype=dtype, shape=arr.shape, layout=LAYOUT)))
         self.client.put_many(items)
         nbytes = sum(len(v) for _, v in items)
         self.known.add([keys[i] for i in todo])
-        self.sent += len(todo)
         self.metrics.offload_blocks.labels("sent").inc(len(todo))
         self.metrics.offload_bytes.inc(nbytes)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from engine.engine import LLMEngine
 from engine.errors import EngineDeadError, EngineError
 from engine.metrics import EngineMetrics
-from engine.request import RequestOutput
+from engine.request import HookState, RequestOutput
 from engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class _Add:
     prompt_ids: list[int]
     params: SamplingParams
     cache_salt: str | None
-    extra: dict | None
+    blend: HookState | None
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     t0: float
@@ -72,12 +72,12 @@ class AsyncEngine:
         self.engine.scheduler.check_fits(len(prompt_ids), params.max_tokens)
 
     async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                       cache_salt: str | None = None, extra: dict | None = None) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, blend: HookState | None = None) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request (call validate() first for an early, synchronous 400)."""
         if self.dead is not None:
             raise EngineDeadError(f"engine loop died: {self.dead!r}")
         sink: asyncio.Queue = asyncio.Queue()
-        self._cmds.put(_Add(rid, prompt_ids, params, cache_salt, extra, sink, asyncio.get_running_loop(),
+        self._cmds.put(_Add(rid, prompt_ids, params, cache_salt, blend, sink, asyncio.get_running_loop(),
                             time.monotonic()))
         self._wake.set()
         finished = False
@@ -106,9 +106,7 @@ class AsyncEngine:
         eng = self.engine
         if isinstance(cmd, _Add):
             try:
-                eng.add_request(cmd.prompt_ids, cmd.params, rid=cmd.rid, cache_salt=cmd.cache_salt)
-                if cmd.extra:
-                    eng.requests[cmd.rid].extra.update(cmd.extra)
+                eng.add_request(cmd.prompt_ids, cmd.params, rid=cmd.rid, cache_salt=cmd.cache_salt, blend=cmd.blend)
                 self._sinks[cmd.rid] = cmd
                 self.metrics.prompt_tokens.inc(len(cmd.prompt_ids))
             except EngineError as e:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 
-from engine.config import EngineConfig, parse_size
+from engine import plugins
+from engine.config import EngineConfig
+from engine.env import parse_size
+from engine.errors import ConfigError
 
 log = logging.getLogger("kvengine")
 
@@ -25,6 +29,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default=None, choices=["auto", "torch", "flashinfer"])
     p.add_argument("--threads", type=int, default=None, dest="num_threads")
     p.add_argument("--kvstore", default=None, help="kvstore daemon address host:port (connector)")
+    p.add_argument("--kv-connector", default=None,
+                   help="connector plug-in --kvstore attaches (default tierkv; see engine/plugins.py)")
+    p.add_argument("--check-config", action="store_true", help="validate flags and environment, then exit")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -33,11 +40,15 @@ def _config(a: argparse.Namespace) -> EngineConfig:
         model=a.model, device=a.device, dtype=a.dtype,
         kv_memory=parse_size(a.kv_memory) if a.kv_memory else None, num_pages=a.num_pages,
         page_size=a.page_size, max_num_seqs=a.max_num_seqs, max_prefill_tokens=a.max_prefill_tokens,
-        max_model_len=a.max_model_len, attention_backend=a.attention_backend, num_threads=a.num_threads)
+        max_model_len=a.max_model_len, attention_backend=a.attention_backend, num_threads=a.num_threads,
+        kv_connector=a.kv_connector)
 
 
 def build_engine(cfg: EngineConfig, kvstore: str | None = None):
-    """Load, build and warm up an engine, logging each stage (model load can take a while)."""
+    """Load, build and warm up an engine, logging each stage (model load can take a while).
+
+    With a kvstore address the connector named by ``cfg.kv_connector`` is resolved through the
+    plug-in registry (engine/plugins.py) and attaches itself."""
     from engine.engine import LLMEngine
     from engine.model_loader import load_model
     from engine.sampling import SamplingParams
@@ -49,10 +60,8 @@ def build_engine(cfg: EngineConfig, kvstore: str | None = None):
     engine = LLMEngine(cfg, loaded=loaded)
     kvstore = kvstore or cfg.kvstore
     if kvstore:
-        from connector.attach import attach_kvstore
-
-        attach_kvstore(engine, kvstore)
-        log.info("connected to kvstore daemon at %s", kvstore)
+        plugins.resolve(cfg.kv_connector)(engine, kvstore)
+        log.info("connected to kvstore daemon at %s (%s connector)", kvstore, cfg.kv_connector)
     log.info("warming up ...")
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True))
     engine.radix.reset()
@@ -61,62 +70,74 @@ def build_engine(cfg: EngineConfig, kvstore: str | None = None):
     return engine
 
 
-class _BlendGlue:
-    """What the server needs of CacheBlend: request pieces in, (prompt ids, request extra) out."""
-
-    def __init__(self, engine) -> None:
-        from connector.blend import BlendConfig, BlendHook
-
-        self.tok = engine.tokenizer
-        self.hook = BlendHook.attach(engine, BlendConfig())  # runs the RoPE self-check; raises if unsupported
-
-    def chat(self, messages: list[dict], documents: list[str], ratio: float | None) -> tuple[list[int], dict]:
-        from connector.blend import build_chat_blend_request
-
-        ids, spec = build_chat_blend_request(self.tok, messages, documents, ratio)
-        return ids, {"blend": spec}
-
-    def plain(self, prompt: str, separator: str, ratio: float | None) -> tuple[list[int], dict]:
-        from connector.blend import build_blend_request, split_by_separator
-
-        system, docs, question = split_by_separator(prompt, separator)
-        ids, spec = build_blend_request(self.tok, system, docs, question, ratio)
-        return ids, {"blend": spec}
+def host_port(value: str, flag: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port); '[::1]:8000' works too. ConfigError names the flag."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{flag} must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
 
 
-def _blend_glue(engine) -> _BlendGlue | None:
-    from connector.blend import BlendUnsupportedError
-
-    try:
-        return _BlendGlue(engine)
-    except BlendUnsupportedError:
-        log.error("CacheBlend self-check FAILED for this model: requests with `documents` will be refused",
-                  exc_info=True)
-        return None
+def _serve_address(a: argparse.Namespace) -> tuple[str, int]:
+    return host_port(a.listen, "--listen") if a.listen else (a.host, a.port)
 
 
-def _serve(a: argparse.Namespace) -> int:
+def _check(a: argparse.Namespace, cfg: EngineConfig) -> int:
+    """--check-config: validate every flag and the environment, load nothing, serve nothing."""
+    kvstore = a.kvstore or cfg.kvstore
+    if kvstore:
+        host_port(kvstore, "--kvstore")
+        plugins.resolve(cfg.kv_connector)  # the named connector exists and imports
+    if a.cmd == "serve":
+        host, port = _serve_address(a)
+        metrics = f", metrics on {a.metrics_listen}" if a.metrics_listen else ""
+        print(f"kvengine: configuration OK: serve on {host}:{port}{metrics}, kvstore {kvstore or 'none'}")
+    else:
+        print(f"kvengine: configuration OK, kvstore {kvstore or 'none'}")
+    print(f"  {cfg}")
+    return 0
+
+
+def _note_signal(signum: int, _frame: object) -> None:
+    log.info("%s: shutting down", signal.Signals(signum).name)
+
+
+def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
     import uvicorn
 
     from engine.async_engine import AsyncEngine
     from engine.server import create_app
 
-    engine = build_engine(_config(a), a.kvstore)
-    blend = None if a.no_blend else _blend_glue(engine)  # before AsyncEngine: it registers the collectors
+    engine = build_engine(cfg, a.kvstore)
+    blend = None if a.no_blend else plugins.resolve("cacheblend")(engine)  # before AsyncEngine: collectors
     aengine = AsyncEngine(engine)
     aengine.start()
     name = a.served_model_name or engine.loaded.name
     app = create_app(aengine, name, blend=blend)
-    log.info("serving %s on http://%s:%d/v1", name, a.host, a.port)
-    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+    host, port = _serve_address(a)
+    if a.metrics_listen:  # /metrics also on its own address (the API's port keeps serving it too)
+        from prometheus_client import start_http_server
+
+        m_host, m_port = host_port(a.metrics_listen, "--metrics-listen")
+        start_http_server(m_port, addr=m_host, registry=aengine.metrics.registry)
+        log.info("metrics on http://%s:%d/metrics", m_host, m_port)
+    log.info("serving %s on http://%s:%d/v1", name, host, port)
+    # uvicorn stops serving on SIGTERM/SIGINT, then re-raises the signal under the handler it found:
+    # with ours in place that returns here (the default handler would kill us before the flush)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _note_signal)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+    log.info("shutting down: no new requests; flushing offloads (grace %.0fs)", a.shutdown_grace_s)
     aengine.shutdown()
+    engine.close_plugins(a.shutdown_grace_s)
+    log.info("stopped")
     return 0
 
 
-def _generate(a: argparse.Namespace) -> int:
+def _generate(a: argparse.Namespace, cfg: EngineConfig) -> int:
     from engine.sampling import SamplingParams
 
-    engine = build_engine(_config(a), a.kvstore)
+    engine = build_engine(cfg, a.kvstore)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed)
     prompt = a.prompt
     if a.chat:
@@ -129,6 +150,7 @@ def _generate(a: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     print(req.text)
     log.info("%d tokens in %.2fs (%s)", len(req.output_ids), dt, req.finish_reason)
+    engine.close_plugins(30.0)  # a write-through offload of this run reaches the daemon
     return 0
 
 
@@ -137,10 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _engine_args(s)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1", help="address to serve on (default %(default)s)")
+    s.add_argument("--port", type=int, default=8000, help="port to serve on (default %(default)s)")
+    s.add_argument("--listen", default=None, help="HOST:PORT to serve on (overrides --host/--port)")
+    s.add_argument("--metrics-listen", default=None,
+                   help="also serve Prometheus /metrics on HOST:PORT (it is always on the API port)")
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--no-blend", action="store_true", help="refuse CacheBlend (`documents`) requests")
+    s.add_argument("--shutdown-grace-s", type=float, default=30.0,
+                   help="on SIGTERM, wait this long for staged KV offloads to reach the daemon")
     g = sub.add_parser("generate", help="one-off generation")
     _engine_args(g)
     g.add_argument("prompt")
@@ -153,7 +180,18 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "urllib3", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return _serve(a) if a.cmd == "serve" else _generate(a)
+    try:
+        cfg = _config(a)
+        if a.cmd == "serve":
+            _serve_address(a)
+            if a.metrics_listen:
+                host_port(a.metrics_listen, "--metrics-listen")
+        if a.check_config:
+            return _check(a, cfg)
+    except ValueError as e:  # a bad flag or env value (ConfigError is one): one line, no traceback
+        print(f"kvengine: {e}", file=sys.stderr)
+        return 2
+    return _serve(a, cfg) if a.cmd == "serve" else _generate(a, cfg)
 
 
 if __name__ == "__main__":

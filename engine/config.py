@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from kvstore.config import parse_size  # one size grammar for every flag: 512MiB, 4GiB, 1.5GB
+from engine.env import env_overrides, parse_size
 
 
 @dataclass(frozen=True)
@@ -24,7 +23,7 @@ class EngineConfig:
     seed: int = 0
     served_model_name: str = ""
     kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
+    kv_connector: str = "tierkv"  # which registered connector --kvstore attaches (engine/plugins.py)
 
     def __post_init__(self) -> None:
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -45,17 +44,7 @@ class EngineConfig:
     @staticmethod
     def from_env(**overrides: object) -> EngineConfig:
         """Defaults < TIERKV_ENGINE_* environment < explicit overrides (CLI flags)."""
-        env: dict[str, object] = {}
-        for name, f in EngineConfig.__dataclass_fields__.items():
-            raw = os.environ.get(f"TIERKV_ENGINE_{name.upper()}")
-            if raw is None or name == "extra":
-                continue
-            if name == "kv_memory":
-                env[name] = parse_size(raw)
-            elif f.type in ("int", int):
-                env[name] = int(raw)
-            else:
-                env[name] = raw
+        env = env_overrides(EngineConfig, "TIERKV_ENGINE_")
         env.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(env.get("kv_memory"), str):
             env["kv_memory"] = parse_size(env["kv_memory"])  # type: ignore[arg-type]

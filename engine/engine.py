@@ -11,19 +11,21 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+from prometheus_client.registry import Collector
 
 from engine.attention import select_backend
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.forward_batch import ForwardBatch
+from engine.hooks import AdmissionHook, KVConnectorPlugin
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.model_loader import LoadedModel, load_model
-from engine.radix_cache import RadixCache
-from engine.request import Request, RequestOutput, Status
+from engine.radix_cache import EvictedNode, RadixCache
+from engine.request import HookState, Request, RequestOutput, Status
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
 from engine.stop import StopChecker
@@ -58,26 +60,41 @@ class LLMEngine:
                                                                   self.dtype)
         self.pool = KVPool(self.arch, num_pages, config.page_size, self.dtype, self.device)
         self.radix = RadixCache(config.page_size, self.pool.allocator, on_evict=self._on_evict)
-        self.evict_listeners: list = []
-        self.metric_collectors: list = []  # prometheus collectors of plug-ins (connector), served on /metrics
+        # plug-ins, set by the composition root (connector/wiring.py); the engine runs without them
+        self.evict_listeners: list[Callable[[list[EvictedNode]], None]] = []
+        self.metric_collectors: list[Collector] = []  # of plug-ins, served on /metrics
+        self.connector: KVConnectorPlugin | None = None
+        self.blend: AdmissionHook | None = None
         self.attn = select_backend(config.attention_backend, self.device)
         self.max_model_len = config.max_model_len or self.arch.max_position_embeddings
         self.scheduler = Scheduler(config, self.pool, self.radix, self.max_model_len)
         self.stop = StopChecker(self.tokenizer, self.arch.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.default_generator = torch.Generator().manual_seed(config.seed)
-        self.stats = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0, "forward_s": 0.0}
         log.info("engine ready: %s on %s/%s, %d pages x %d tokens, attention=%s", self.loaded.name,
                  self.device, self.dtype, num_pages, config.page_size, self.attn.name)
 
     # -- hooks -------------------------------------------------------------------------
-    def _on_evict(self, nodes) -> None:
+    def _on_evict(self, nodes: list[EvictedNode]) -> None:
         for fn in self.evict_listeners:
             fn(nodes)
 
+    def close_plugins(self, grace_s: float) -> bool:
+        """Shutdown: flush the connector's staged offloads (at most ``grace_s``), close the plug-ins.
+        False if the flush timed out (what was still staged is dropped)."""
+        ok = True
+        if self.connector is not None:
+            ok = self.connector.flush(grace_s)
+            log.info("staged KV offloads %s", "flushed" if ok else f"NOT flushed within {grace_s:.0f}s")
+            self.connector.close()
+        if self.blend is not None:
+            self.blend.close()
+        return ok
+
     # -- requests ----------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    rid: str | None = None, cache_salt: str | None = None) -> str:
+                    rid: str | None = None, cache_salt: str | None = None, blend: HookState | None = None) -> str:
+        """Queue a request; ``blend`` is a CacheBlend request's state (see connector/blend/state.py)."""
         params = params or SamplingParams()
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
@@ -88,7 +105,7 @@ class LLMEngine:
         if rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {rid}")
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.default_generator
-        req = Request(rid, list(ids), params, cache_salt=cache_salt, generator=gen)
+        req = Request(rid, list(ids), params, cache_salt=cache_salt, generator=gen, blend=blend)
         self.scheduler.add(req)  # raises PromptTooLongError before anything is held
         self.requests[rid] = req
         return rid
@@ -111,17 +128,12 @@ class LLMEngine:
             seqs.append((req.all_ids[start : start + n], start, req.pages))
             needs_logits.append(start + n == req.num_tokens)
         batch = ForwardBatch.build(seqs, self.pool.page_size, self.device, logits=needs_logits)
-        t0 = time.perf_counter()
         logits = self.model.forward(batch, self.pool, self.attn)
-        self.stats["forward_s"] += time.perf_counter() - t0
-        self.stats["steps"] += 1
         outs: list[RequestOutput] = []
         row = 0
         now = time.monotonic()
         for (req, n), want in zip(plan, needs_logits, strict=True):
             req.num_computed += n
-            if req.num_preemptions == 0 or req.num_computed > len(req.prompt_ids):
-                self.stats["prompt_tokens"] += max(0, min(n, len(req.prompt_ids) - (req.num_computed - n)))
             if not want:
                 continue
             tok = sample(logits[row], req.params, req.generator)
@@ -129,7 +141,6 @@ class LLMEngine:
             if req.first_token_time is None:
                 req.first_token_time = now
             req.output_ids.append(tok)
-            self.stats["generated_tokens"] += 1
             new_text, reason = self.stop.update(req)
             if reason is not None:
                 self.scheduler.finish(req, reason)

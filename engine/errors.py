@@ -25,3 +25,7 @@ class PromptTooLongError(InvalidRequestError):
 
 class EngineDeadError(EngineError):
     """The engine loop stopped after an unexpected error."""
+
+
+class ConfigError(EngineError, ValueError):
+    """A configuration value (flag, environment variable) is invalid."""

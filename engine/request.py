@@ -10,11 +10,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from engine.radix_cache import TreeNode
 from engine.sampling import SamplingParams
+
+
+class HookState:
+    """Base of a plug-in's per-request state (a declared slot on Request, not a dict of keys)."""
 
 
 class Status(enum.Enum):
@@ -34,7 +38,7 @@ class Request:
     status: Status = Status.WAITING
     pages: list[int] = field(default_factory=list)  # refs held by this request
     num_computed: int = 0
-    radix_node: Any = None  # locked radix node of the matched prefix
+    radix_node: TreeNode | None = None  # locked radix node of the matched prefix
     cached_tokens: int = 0  # prompt tokens served from a cache at first admission (usage)
     cached_reported: bool = False
     first_token_time: float | None = None
@@ -42,8 +46,15 @@ class Request:
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (after stop-string truncation)
-    extra: dict = field(default_factory=dict)  # connector / blend state
-    cache_limit: int | None = None  # KV past this many tokens is approximate (CacheBlend): never cached
+    cache_limit: int | None = None  # KV past this many tokens is approximate (set by Scheduler.apply_extension)
+    # per-request state of the plug-ins, each owned by its hook (the engine never looks inside)
+    kv: HookState | None = None  # the KV connector's (connector/state.py KVState)
+    blend: HookState | None = None  # a CacheBlend request's (connector/blend/state.py BlendState)
+
+    @property
+    def exact_tokens(self) -> int:
+        """Leading computed tokens whose KV equals a prefill: the only ones that may be cached or offloaded."""
+        return self.num_computed if self.cache_limit is None else min(self.num_computed, self.cache_limit)
 
     @property
     def all_ids(self) -> list[int]:

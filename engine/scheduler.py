@@ -5,8 +5,9 @@ Every step the scheduler hands the engine a list of (request, n_tokens) to feed:
      the pool is full it evicts radix leaves, then preempts the newest running request);
   2. running requests still in prefill take chunks from the step's token budget;
   3. waiting requests are admitted first-come-first-served while budget and seats remain:
-     the radix cache (and, when attached, the connector) supplies the longest cached prefix,
-     the rest is prefilled in chunks.
+     the radix cache supplies the longest cached prefix, then each admission hook in order
+     (engine/hooks.py; the order is the composition root's) proposes what it can add and
+     ``apply_extension`` applies it; the rest is prefilled in chunks.
 A finished request gives its full pages to the radix cache; a preempted one does too, so its
 recompute can hit whatever survives eviction.
 """
@@ -15,26 +16,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Protocol
+from collections.abc import Sequence
 
 from engine.config import EngineConfig
 from engine.errors import PromptTooLongError
+from engine.hooks import AdmissionHook, PrefixExtension
 from engine.kv_pool import KVPool
 from engine.radix_cache import RadixCache
 from engine.request import Request, Status
 
 log = logging.getLogger(__name__)
-
-
-class AdmissionHook(Protocol):
-    """What the scheduler asks of a KV connector (see connector/)."""
-
-    def on_admit(self, req: Request, scheduler: Scheduler) -> None:
-        """Called after the local radix match: may load more pages (extending req.pages and
-        req.num_computed page-aligned)."""
-
-    def on_finish(self, req: Request, scheduler: Scheduler) -> None:
-        """Called before a finished request's pages are released."""
 
 
 class Scheduler:
@@ -45,7 +36,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.hooks: list[AdmissionHook] = []  # connector, CacheBlend: called in order
+        self.hooks: list[AdmissionHook] = []  # called in this order; set by the composition root
+        self.page_size = pool.page_size
         self.num_preemptions = 0
 
     # -- queue management ---------------------------------------------------------------
@@ -81,6 +73,10 @@ class Scheduler:
             self.radix.evict(n - alloc.num_free())
         return alloc.alloc(n)
 
+    def free(self, pages: Sequence[int]) -> None:
+        """Give back pages taken with ``alloc`` and not handed over (PageSource)."""
+        self.pool.allocator.decref(list(pages))
+
     def _grow(self, req: Request, upto: int) -> bool:
         need = self._pages_needed(req, upto)
         if need == 0:
@@ -95,8 +91,7 @@ class Scheduler:
         """Drop the request's hold on its pages, first giving full computed pages to the radix."""
         ps = self.pool.page_size
         if cache:
-            exact = req.num_computed if req.cache_limit is None else min(req.num_computed, req.cache_limit)
-            n_full = min(exact // ps, len(req.pages))
+            n_full = min(req.exact_tokens // ps, len(req.pages))
             if n_full:
                 self.radix.insert(req.all_ids[: n_full * ps], req.pages[:n_full], salt=req.cache_salt)
         if req.radix_node is not None:
@@ -115,12 +110,48 @@ class Scheduler:
         req.radix_node = m.node
         req.pages = list(m.pages)
         req.num_computed = m.num_tokens
+        req.cache_limit = None
         for hook in self.hooks:
-            hook.on_admit(req, self)
+            ext = hook.propose(req, self)
+            if ext is not None:
+                self.apply_extension(req, ext)
         if not req.cached_reported:
             req.cached_tokens = req.num_computed
             req.cached_reported = True
         req.status = Status.RUNNING
+
+    def apply_extension(self, req: Request, ext: PrefixExtension) -> None:
+        """The one place a hook's proposal becomes request state: the request takes the pages'
+        references (surplus pages go back), exact KV enters the radix tree at once (so requests
+        admitted next share it) and the request re-locks the deeper node; approximate KV moves
+        the exact/approximate boundary (``cache_limit``), which every later cache or offload honours."""
+        ps = self.page_size
+        used = -(-ext.tokens // ps)
+        if ext.tokens < 0 or used > len(ext.pages) or (ext.exact and ext.tokens % ps):
+            self.free(ext.pages)
+            raise ValueError(f"bad extension: {ext.tokens} tokens ({'exact' if ext.exact else 'approximate'}) "
+                             f"in {len(ext.pages)} pages of {ps}")
+        if req.num_computed % ps or len(req.pages) * ps != req.num_computed:
+            self.free(ext.pages)  # nothing may follow a partial page or an approximate extension
+            log.warning("%s: extension after a non-page-aligned prefix (%d tokens) dropped", req.rid,
+                        req.num_computed)
+            return
+        self.free(ext.pages[used:])
+        if used == 0:
+            return
+        start = req.num_computed
+        req.pages.extend(ext.pages[:used])
+        req.num_computed += ext.tokens
+        if not ext.exact:
+            req.cache_limit = start + min(ext.exact_head, ext.tokens)
+            return
+        ids = req.all_ids[: req.num_computed]
+        self.radix.insert(ids, req.pages[: req.num_computed // ps], salt=req.cache_salt)
+        m = self.radix.match_prefix(ids, record_stats=False, salt=req.cache_salt)
+        self.radix.lock(m.node)
+        if req.radix_node is not None:
+            self.radix.unlock(req.radix_node)
+        req.radix_node = m.node
 
     def finish(self, req: Request, reason: str) -> None:
         req.status = Status.FINISHED
@@ -131,7 +162,7 @@ class Scheduler:
             self.waiting.remove(req)
         if req.pages:
             for hook in self.hooks:
-                hook.on_finish(req, self)
+                hook.on_finish(req)
         if req.pages or req.radix_node is not None:
             self._release(req, cache=True)
 

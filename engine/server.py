@@ -20,8 +20,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from engine.async_engine import AsyncEngine
 from engine.errors import EngineDeadError, InvalidRequestError
+from engine.hooks import BlendRequests
 from engine.protocol import ChatRequest, CompletionRequest
-from engine.request import RequestOutput
+from engine.request import HookState, RequestOutput
 
 CHAT_DEFAULT_MAX = 1024
 
@@ -57,9 +58,8 @@ def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def create_app(aengine: AsyncEngine, model_name: str, blend: Any = None) -> FastAPI:
-    """blend: CacheBlend glue with ``chat(messages, documents, ratio)`` and ``plain(prompt, separator,
-    ratio)``, each returning (prompt_ids, request extra); None refuses `documents` requests."""
+def create_app(aengine: AsyncEngine, model_name: str, blend: BlendRequests | None = None) -> FastAPI:
+    """blend: CacheBlend's request builders (the "cacheblend" plug-in); None refuses `documents` requests."""
     app = FastAPI(title="tierkv engine")
     eng = aengine.engine
     tok = eng.tokenizer
@@ -125,19 +125,19 @@ def create_app(aengine: AsyncEngine, model_name: str, blend: Any = None) -> Fast
     async def completions(body: CompletionRequest, http: Request) -> Any:
         _check_model(body.model)
         prompt = body.prompt_input()
-        extra = None
+        state = None
         if body.blend_separator is not None:
             if blend is None:
                 raise InvalidRequestError("CacheBlend is not available on this server", "blend_separator")
             if not isinstance(prompt, str):
                 raise InvalidRequestError("blend_separator needs a text prompt", "prompt")
-            ids, extra = blend.plain(prompt, body.blend_separator, body.blend_ratio)
+            ids, state = blend.plain(prompt, body.blend_separator, body.blend_ratio)
         else:
             ids = _tokenize_prompt(prompt)
         params = body.sampling(default_max=16)
         rid = f"cmpl-{uuid.uuid4().hex}"
         aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extra=extra)
+        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, blend=state)
         if body.stream:
             def chunks(out: RequestOutput) -> list[dict[str, Any]]:
                 base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name}
@@ -152,7 +152,7 @@ def create_app(aengine: AsyncEngine, model_name: str, blend: Any = None) -> Fast
                 "choices": [{"index": 0, "text": text, "finish_reason": out.finish_reason, "logprobs": None}],
                 "usage": _usage(out)}
 
-    def _chat_prompt(body: ChatRequest) -> tuple[list[int], dict | None]:
+    def _chat_prompt(body: ChatRequest) -> tuple[list[int], HookState | None]:
         msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
         if not msgs:
             raise InvalidRequestError("messages must not be empty", "messages")
@@ -166,12 +166,12 @@ def create_app(aengine: AsyncEngine, model_name: str, blend: Any = None) -> Fast
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, http: Request) -> Any:
         _check_model(body.model)
-        ids, extra = _chat_prompt(body)
+        ids, state = _chat_prompt(body)
         room = min(eng.max_model_len, eng.scheduler.capacity_tokens()) - len(ids)
         params = body.sampling(default_max=max(1, min(CHAT_DEFAULT_MAX, room)))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extra=extra)
+        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, blend=state)
         if body.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "model": model_name}
             head = [{**base, "created": int(time.time()),

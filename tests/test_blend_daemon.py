@@ -34,3 +34,17 @@ def test_daemon_backed_chunks_are_shared_and_failures_recompute(tiny, tmp_path):
         b3 = Blender(model, tiny.fingerprint, store)
         r3 = b3.blend(b3.plan(spec), 0.15, collect=True)
         assert torch.equal(r3.logits, r1.logits) and store.errors > 0
+
+
+def test_bfloat16_chunks_round_trip_through_the_daemon(tmp_path):
+    kv = torch.randn(2, 2, 5, 2, 16).to(torch.bfloat16)  # a CUDA engine's chunk dtype
+    d = Daemon(tmp_path, "--cpu", "64MiB").start()
+    try:
+        with KVStoreClient(d.address) as c:
+            store = DaemonChunkStore(c)
+            store.put(b"c" * 16, kv)
+            assert store.errors == 0
+            got = DaemonChunkStore(c).get(b"c" * 16)
+            assert got is not None and got.dtype == torch.bfloat16 and torch.equal(got, kv)
+    finally:
+        d.stop()

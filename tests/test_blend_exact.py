@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from connector.blend import Blender, BlendHook, BlendSpec, Segment, build_blend_request
+from connector.blend import Blender, BlendSpec, Segment, build_blend_request
 from connector.blend.blender import attend
 from connector.blend.hook import BlendConfig
+from connector.wiring import attach_cacheblend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.model import LlamaModel
@@ -54,14 +55,14 @@ def test_r100_matches_full_prefill_smollm(smollm):
     params = SamplingParams(max_tokens=4)
     plain = eng.generate([ids], params)[0].output_ids
     eng2 = LLMEngine(EngineConfig(num_pages=128, device="cpu"), loaded=smollm)
-    hook = BlendHook.attach(eng2)
+    hook = attach_cacheblend(eng2)
     spec1 = BlendSpec(spec.segments, ratio=1.0)
     rid = hook.add_request(spec1, params)
     req = eng2.requests[rid]
     while not req.finished:
         eng2.step()
     assert req.output_ids == plain
-    assert req.extra["blend_stats"]["selected"] == spec.num_document_tokens
+    assert req.blend.stats.selected == spec.num_document_tokens
     assert hook.metrics.blended_requests == 1
 
 
@@ -142,14 +143,14 @@ def test_partial_blend_against_naive_reference(tiny4):
 def test_hook_default_ratio_and_radix_stays_exact(tiny4):
     loaded, _ = tiny4
     eng = LLMEngine(EngineConfig(num_pages=64, device="cpu", page_size=16), loaded=loaded)
-    hook = BlendHook.attach(eng, BlendConfig(ratio=0.2))
+    hook = attach_cacheblend(eng, BlendConfig(ratio=0.2))
     ids, spec = _spec(loaded.tokenizer)
     rid = hook.add_request(spec, SamplingParams(max_tokens=4))
     req = eng.requests[rid]
     while not req.finished:
         eng.step()
-    st = req.extra["blend_stats"]
-    assert st["ratio"] == 0.2 and st["selected"] == round(0.2 * st["document_tokens"])
+    st = req.blend.stats
+    assert st.ratio == 0.2 and st.selected == round(0.2 * st.document_tokens)
     assert req.cached_tokens == len(ids) - 1  # usage reports the blended tokens as cached
     m = hook.metrics.snapshot()
     assert m["blended_requests"] == 1 and m["chunk_misses"] == len(spec.segments) - 1
@@ -181,7 +182,7 @@ def test_hook_failure_falls_back_to_full_prefill(tiny4, monkeypatch):
     plain_eng = LLMEngine(EngineConfig(num_pages=64, device="cpu"), loaded=loaded)
     plain = plain_eng.generate([ids], SamplingParams(max_tokens=3))[0].output_ids
     eng = LLMEngine(EngineConfig(num_pages=64, device="cpu"), loaded=loaded)
-    hook = BlendHook.attach(eng)
+    hook = attach_cacheblend(eng)
     free = eng.pool.allocator.num_free()
 
     def boom(*a, **k):

@@ -1,4 +1,4 @@
-"""CacheBlend plumbing without a model: chunk keys, the byte-bounded store, ratio policy, request helpers."""
+"""CacheBlend plumbing without a model: chunk keys, the byte-bounded store, recompute ratio, request helpers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from connector.blend import (
     BlendSpec,
     InProcessChunkStore,
     InvalidBlendRequestError,
-    RatioPolicy,
+    RecomputeRatio,
     Segment,
     build_blend_request,
     build_chat_blend_request,
@@ -49,10 +49,10 @@ def test_store_lru_by_bytes():
         s.put(bytes([i]), t[i])
     assert s.get(bytes([0])) is not None  # touch 0: 1 is now the oldest
     s.put(bytes([3]), t[3])
-    assert not s.contains(bytes([1])) and s.contains(bytes([0])) and s.contains(bytes([3]))
+    assert s.get(bytes([1])) is None and s.get(bytes([0])) is not None and s.get(bytes([3])) is not None
     assert s.used_bytes == 1200
     s.put(b"big", torch.zeros(1000))  # larger than the store: not kept, nothing evicted
-    assert not s.contains(b"big") and len(s) == 3
+    assert s.get(b"big") is None and len(s) == 3
 
 
 def test_chunk_cache_computes_once():
@@ -70,15 +70,15 @@ def test_chunk_cache_computes_once():
     assert (cache.metrics.chunk_hits, cache.metrics.chunk_misses) == (1, 2)
 
 
-def test_ratio_policy_hides_load_time():
-    assert RatioPolicy(0.15).choose(1000, 10**6) == 0.15  # no estimates: r_min
+def test_recompute_ratio_hides_load_time():
+    assert RecomputeRatio(0.15).choose(1000, 10**6) == 0.15  # no estimates: r_min
     # 1 s to load, 2 ms per recomputed token over 1000 tokens: 500 tokens hide the load
-    p = RatioPolicy(0.15, load_time_s=lambda nbytes: nbytes / 1e6, recompute_time_s=0.002)
+    p = RecomputeRatio(0.15, load_time_s=lambda nbytes: nbytes / 1e6, recompute_time_s=0.002)
     assert p.choose(1000, 10**6) == pytest.approx(0.5)
     assert p.choose(1000, 10**4) == 0.15  # fast load: the floor wins
     assert p.choose(1000, 10**8) == 1.0  # slower than recomputing everything
     with pytest.raises(ValueError):
-        RatioPolicy(1.5)
+        RecomputeRatio(1.5)
 
 
 class _Tok:
@@ -100,13 +100,13 @@ def test_build_blend_request_and_separator():
         build_blend_request(_Tok(), "s", [], "q")
 
 
-def test_spec_validation_and_dict_form():
-    spec = BlendSpec.coerce({"segments": [[1, 2], [3]], "documents": [False, True], "ratio": 0.1})
-    assert spec.segments == (Segment((1, 2), False), Segment((3,), True)) and spec.prompt_ids == [1, 2, 3]
+def test_spec_validation():
+    spec = BlendSpec((Segment((1, 2), False), Segment((3,), True)), ratio=0.1)
+    assert spec.prompt_ids == [1, 2, 3] and spec.num_document_tokens == 1
     with pytest.raises(InvalidBlendRequestError):
         BlendSpec((Segment((1,), True),), ratio=2.0)
     with pytest.raises(InvalidBlendRequestError):
-        BlendSpec.coerce({"segments": [[1]], "documents": [True, False]})
+        BlendSpec(())
 
 
 def test_chat_blend_request():

@@ -40,8 +40,8 @@ def test_decisions_fast_slow_and_mixed() -> None:
     assert (mixed.outcome, mixed.pages) == ("load_partial", 60)
     tiny_prompt = _model().decide(2032, 2050, ["cpu"])  # one page: latency + bytes vs 16 tokens
     assert tiny_prompt.pages in (0, 1)
-    assert CostModel(PrefillModel(1, 1, 0), 1000, 16, policy="never").decide(0, 100, ["cpu"] * 6).pages == 0
-    assert CostModel(PrefillModel(0, 0, 0), 1000, 16, policy="always").decide(0, 100, ["cpu"] * 6).pages == 6
+    assert CostModel(PrefillModel(1, 1, 0), 1000, 16, load_mode="never").decide(0, 100, ["cpu"] * 6).pages == 0
+    assert CostModel(PrefillModel(0, 0, 0), 1000, 16, load_mode="always").decide(0, 100, ["cpu"] * 6).pages == 6
 
 
 def test_observe_moves_bandwidth_towards_measurements() -> None:
@@ -60,11 +60,11 @@ def test_slow_tier_recompute_fast_tier_load_end_to_end(tiny, tmp_path: Path) -> 
         eng = make_engine(tiny)
         # a fixed prefill model (0.4 s for these 400 tokens; the tiny model's real prefill is too
         # close to a load to make a stable test): what is under test is the measured load side
-        conn = attach(eng, d.address, policy="auto", prefill_coeffs=(0.01, 1e-3, 0.0), probe=True,
+        conn = attach(eng, d.address, load_mode="auto", prefill_coeffs=(0.01, 1e-3, 0.0), probe=True,
                       write_through=True, load_deadline_min_s=30.0)
         try:
             want = run(eng, ids).output_ids
-            assert conn.wait_for_save(30)
+            assert conn.flush(30)
 
             def again():
                 eng.radix.reset()
@@ -72,13 +72,13 @@ def test_slow_tier_recompute_fast_tier_load_end_to_end(tiny, tmp_path: Path) -> 
                 return run(eng, ids)
 
             fast = again()  # measured cpu tier: loading 24 pages beats the prefill
-            assert fast.extra["kv_decision"].outcome == "load_all" and fast.output_ids == want
+            assert fast.kv.decision.outcome == "load_all" and fast.output_ids == want
             conn.loader.throttle_bps = 0.05 * MB  # the tier becomes slow: ~4 s for these 196 KB
             slow = again()  # the model still believes the tier is fast: it loads, and measures
-            assert slow.extra["kv_decision"].outcome == "load_all" and slow.extra["kv_load_s"] > 2
+            assert slow.kv.decision.outcome == "load_all" and slow.kv.load_s > 2
             assert conn.cost.tier("cpu").bandwidth < 0.3 * MB
             after = again()  # now it knows: recompute
-            d_after = after.extra["kv_decision"]
+            d_after = after.kv.decision
             assert (d_after.outcome, d_after.pages) == ("recompute", 0) and after.cached_tokens == 0
             assert after.output_ids == want
             conn.loader.throttle_bps = 0.0

@@ -18,7 +18,7 @@ def _populated(tiny, address: str, **kw: object):
     eng = make_engine(tiny)
     conn = attach(eng, address, write_through=True, lookup_deadline_s=0.2, load_deadline_min_s=0.5, **kw)
     want = run(eng, IDS).output_ids
-    assert conn.wait_for_save(30)
+    assert conn.flush(30)
     eng.radix.reset()
     conn.known.discard(conn.keyspace.keys(IDS, None))
     return eng, conn, want
@@ -75,7 +75,7 @@ def test_daemon_killed_before_and_during_decode(tiny, tmp_path: Path) -> None:
             again = run(eng, IDS)  # the daemon is gone: lookups fail fast, recompute
             assert again.output_ids == want and again.cached_tokens == 0
             assert time.perf_counter() - t0 < 5
-            conn.wait_for_save(30)
+            conn.flush(30)
             assert conn.metrics.value("tierkv_connector_offload_blocks_total", result="failed") >= 1
         finally:
             detach(eng)

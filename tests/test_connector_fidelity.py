@@ -56,13 +56,13 @@ def test_daemon_tier_load_is_identical(reference, kind: str, tmp_path: Path, req
             m = engine.radix.match_prefix(ids[:80], record_stats=False)
             assert m.num_tokens == 80
             conn.save(conn.keyspace.keys(ids[:80], None), m.pages)
-            assert conn.wait_for_save(60)
-            assert conn.offloader.sent == 5
+            assert conn.flush(60)
+            assert conn.metrics.value("tierkv_connector_offload_blocks_total", result="sent") == 5
             assert conn.loader.lookup(conn.keyspace.keys(ids[:80], None), 5.0) == [kind] * 5
             engine.radix.reset()
             conn.known.discard(conn.keyspace.keys(ids[:80], None))
             got = run(engine, ids, MAX_TOKENS)
-            decision = got.extra["kv_decision"]
+            decision = got.kv.decision
             assert (decision.pages, decision.tier) == (5, kind)
             assert got.cached_tokens == 80
             assert got.output_ids == want

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import redis
 
+from connector.wiring import order_hooks
+from engine.hooks import PrefixExtension
 from tests.test_connector_support import attach, daemon, detach, make_engine, prompt, run
 
 
@@ -23,11 +25,11 @@ def test_evict_offload_reload_round_trip(tiny, tmp_path: Path) -> None:
             assert run(eng, a_ids).output_ids == want_a
             assert conn.metrics.value("tierkv_connector_offload_blocks_total", result="sent") == 0
             run(eng, b_ids)  # evicts a's 5 pages -> offloaded
-            assert conn.wait_for_save(30)
+            assert conn.flush(30)
             assert conn.metrics.value("tierkv_connector_offload_blocks_total", result="sent") >= 5
             assert eng.radix.match_prefix(a_ids, record_stats=False).num_tokens == 0
             again = run(eng, a_ids)
-            assert again.cached_tokens == 80 and again.extra["kv_decision"].pages == 5
+            assert again.cached_tokens == 80 and again.kv.decision.pages == 5
             assert again.output_ids == want_a
             eng.radix.check_integrity()
             eng.pool.allocator.check_integrity()
@@ -43,18 +45,18 @@ def test_second_engine_reuses_first_engines_prefix(tiny, tmp_path: Path) -> None
         c2 = attach(second, d.address, write_through=True)
         try:
             want = run(first, ids).output_ids
-            assert c1.wait_for_save(30)
+            assert c1.flush(30)
             got = run(second, ids)
             assert got.cached_tokens == 192 and got.output_ids == want
             assert c2.metrics.value("tierkv_connector_loaded_tokens_total", tier="cpu") == 192
             # the second engine's write-through sends nothing new: it knows what it loaded,
             # and the first engine's repeat is skipped after a lookup (no bytes resent)
-            assert c2.wait_for_save(30)
+            assert c2.flush(30)
             assert c2.metrics.value("tierkv_connector_offload_blocks_total", result="sent") == 0
             first.radix.reset()
             c1.known.discard(c1.keyspace.keys(ids, None))
             run(first, ids)
-            assert c1.wait_for_save(30)
+            assert c1.flush(30)
             assert c1.metrics.value("tierkv_connector_offload_blocks_total", result="sent") == 12
         finally:
             detach(first)
@@ -68,14 +70,14 @@ def test_tenants_never_share(tiny, tmp_path: Path) -> None:
         conn = attach(eng, d.address, write_through=True)
         try:
             a1 = run(eng, ids, salt="tenant-a")
-            assert conn.wait_for_save(30)
+            assert conn.flush(30)
             b1 = run(eng, ids, salt="tenant-b")  # same tokens, other tenant: no local, no daemon hit
-            assert b1.cached_tokens == 0 and "kv_decision" not in b1.extra
+            assert b1.cached_tokens == 0 and b1.kv is None or b1.kv.decision is None
             assert b1.output_ids == a1.output_ids
             keys_a, keys_b = conn.keyspace.keys(ids, "tenant-a"), conn.keyspace.keys(ids, "tenant-b")
             assert not set(keys_a) & set(keys_b)
             assert not set(keys_a) & set(conn.keyspace.keys(ids, None))
-            assert conn.wait_for_save(30)
+            assert conn.flush(30)
             assert conn.loader.lookup(keys_a, 5.0) == ["cpu"] * 7 and conn.loader.lookup(keys_b, 5.0) == ["cpu"] * 7
             assert conn.loader.lookup(conn.keyspace.keys(ids, None), 5.0) == []  # the default namespace: nothing
             a2 = run(eng, ids, salt="tenant-a")  # the same tenant hits its own tree
@@ -85,7 +87,7 @@ def test_tenants_never_share(tiny, tmp_path: Path) -> None:
             plain = run(eng, ids)
             assert plain.cached_tokens == 0
             a3 = run(eng, ids, salt="tenant-a")
-            assert a3.cached_tokens == 112 and a3.extra["kv_decision"].pages == 7
+            assert a3.cached_tokens == 112 and a3.kv.decision.pages == 7
             assert a3.output_ids == a1.output_ids
             eng.radix.check_integrity()
         finally:
@@ -101,7 +103,7 @@ def test_corrupted_block_is_dropped_and_recomputed(tiny, tmp_path: Path, redis_u
         conn = attach(eng, d.address, write_through=True)
         try:
             run(eng, ids)
-            assert conn.wait_for_save(30)
+            assert conn.flush(30)
             keys = conn.keyspace.keys(ids, None)
             r = redis.Redis.from_url(redis_url)
             (victim,) = [k for k in r.scan_iter(count=1000) if k.endswith(keys[3])]
@@ -120,13 +122,19 @@ def test_corrupted_block_is_dropped_and_recomputed(tiny, tmp_path: Path, redis_u
             detach(eng)
 
 
-class _LimitCache:
-    """Stands in for CacheBlend: marks KV past 32 tokens as approximate (never to be cached)."""
+class _ApproximateTail:
+    """Stands in for CacheBlend: proposes the prompt's KV as approximate past token 32 (the pages are
+    left unwritten: this test checks what is offloaded, not the output)."""
 
-    def on_admit(self, req, scheduler) -> None:
-        req.cache_limit = 32
+    def propose(self, req, pages):
+        m, n = req.num_computed, len(req.prompt_ids) - 1
+        fresh = pages.alloc(-(-n // pages.page_size) - len(req.pages))
+        return PrefixExtension(fresh, n - m, exact=False, exact_head=32 - m)
 
-    def on_finish(self, req, scheduler) -> None:
+    def on_finish(self, req) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -135,10 +143,11 @@ def test_write_through_never_offloads_past_cache_limit(tiny, tmp_path: Path) -> 
     with daemon(tmp_path, "--cpu", "64MiB") as d:
         eng = make_engine(tiny)
         conn = attach(eng, d.address, write_through=True)
-        eng.scheduler.hooks.append(_LimitCache())
+        eng.blend = _ApproximateTail()
+        order_hooks(eng)
         try:
             run(eng, ids)
-            assert conn.wait_for_save(30)
+            assert conn.flush(30)
             assert conn.metrics.value("tierkv_connector_offload_blocks_total", result="sent") == 2
             assert conn.loader.lookup(conn.keyspace.keys(ids, None), 5.0) == ["cpu", "cpu"]
         finally:

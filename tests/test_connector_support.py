@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from connector.attach import attach_kvstore, detach_kvstore
 from connector.connector import KVConnector
+from connector.wiring import attach_tierkv, detach_tierkv
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.request import Request, Status
@@ -38,13 +38,13 @@ def make_engine(loaded, num_pages: int = 64, page_size: int = 16) -> LLMEngine:
 
 
 def attach(engine: LLMEngine, address: str, **kw: object) -> KVConnector:
-    opts: dict[str, object] = dict(calibrate=False, prefill_coeffs=FIXED_PREFILL, probe=False, policy="always")
+    opts: dict[str, object] = dict(calibrate=False, prefill_coeffs=FIXED_PREFILL, probe=False, load_mode="always")
     opts.update(kw)
-    return attach_kvstore(engine, address, **opts)
+    return attach_tierkv(engine, address, **opts)
 
 
 def detach(engine: LLMEngine) -> None:
-    detach_kvstore(engine)
+    detach_tierkv(engine)
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:

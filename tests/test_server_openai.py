@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from engine.demo import engine_server
+from connector.demo import engine_server
 
 pytestmark = pytest.mark.slow
 

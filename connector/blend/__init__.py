@@ -1,13 +1,13 @@
 """CacheBlend: reuse cached document KV at any position, recomputing the tokens that deviate most.
 
-Server wiring (OpenAI ``extra_body={"documents": [...], "blend_ratio": r}``)::
+Wiring (connector/wiring.py; ``kvengine serve`` does it through the "cacheblend" plug-in)::
 
-    hook = BlendHook.attach(engine, BlendConfig(ratio=0.15))   # once; raises BlendUnsupportedError
+    hook = attach_cacheblend(engine, BlendConfig(ratio=0.15))  # raises BlendUnsupportedError;
+                                                               # chunks via the daemon if a connector is attached
     ids, spec = build_chat_blend_request(tok, messages, documents, ratio)   # chat completions
     ids, spec = build_blend_request(tok, system, documents, question, ratio)  # plain pieces
     system, docs, question = split_by_separator(prompt, sep)                  # plain prompt + separator
-    rid = hook.add_request(spec, params, rid=rid, cache_salt=salt)            # instead of add_request
-    hook.register(rid, spec); await async_engine.generate(rid, spec.prompt_ids, params, ...)  # or, async
+    rid = hook.add_request(spec, params, rid=rid, cache_salt=salt)            # or add_request(..., blend=BlendState(spec))
     hook.metrics.snapshot()  # also exported on /metrics via engine.metric_collectors
 """
 
@@ -16,7 +16,7 @@ from connector.blend.chunk_cache import ChunkCache, ChunkStore, InProcessChunkSt
 from connector.blend.errors import BlendError, BlendUnsupportedError, InvalidBlendRequestError
 from connector.blend.hook import BlendConfig, BlendHook
 from connector.blend.metrics import BlendMetrics
-from connector.blend.ratio import RatioPolicy
+from connector.blend.ratio import RecomputeRatio
 from connector.blend.selfcheck import rerotate, self_check
 from connector.blend.spec import (
                                  BlendSpec,
@@ -25,9 +25,11 @@ from connector.blend.spec import (
                                  build_chat_blend_request,
                                  split_by_separator,
 )
+from connector.blend.state import BlendState, BlendStats
 
 __all__ = [
-    "BlendConfig", "BlendError", "BlendHook", "BlendMetrics", "BlendPlan", "BlendResult", "BlendSpec", "Blender",
+    "BlendConfig", "BlendError", "BlendHook", "BlendMetrics", "BlendPlan", "BlendResult", "BlendSpec", "BlendState",
+    "BlendStats", "Blender",
     "BlendUnsupportedError", "ChunkCache", "ChunkStore", "InProcessChunkStore", "InvalidBlendRequestError",
-    "RatioPolicy", "Segment", "build_blend_request", "build_chat_blend_request", "chunk_key", "rerotate", "self_check", "split_by_separator",
+    "RecomputeRatio", "Segment", "build_blend_request", "build_chat_blend_request", "chunk_key", "rerotate", "self_check", "split_by_separator",
 ]

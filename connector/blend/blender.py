@@ -75,7 +75,7 @@ class Blender:
     def __init__(self, model: LlamaModel, fingerprint: str, store: ChunkStore | None = None,
                  metrics: BlendMetrics | None = None) -> None:
         self.model = model
-        self.self_check_error = self_check(model)  # raises BlendUnsupportedError: refuse loudly
+        self_check(model)  # raises BlendUnsupportedError: refuse loudly
         self.metrics = metrics or BlendMetrics()
         self.bos = model.arch.bos_token_id
         self.chunks = ChunkCache(store or InProcessChunkStore(), fingerprint, self._compute_chunk, self.metrics)

@@ -6,9 +6,9 @@ leading prefix (BOS + system prompt) is computed at positions 0..n-1 and is exac
 blake2b over the model fingerprint, the tenant salt, the chunk kind and the token ids as
 little-endian uint32 — identical in every process, never Python ``hash()``.
 
-``ChunkStore`` is the narrow storage interface (get/put/contains of [L, 2, n, H, D] tensors).
-``InProcessChunkStore`` is an LRU bounded in bytes; a daemon-backed store plugs in behind
-the same interface (see daemon_store.py when the kvstore client exists).
+``ChunkStore`` is the narrow storage interface (get/put of [L, 2, n, H, D] tensors).
+``InProcessChunkStore`` is an LRU bounded in bytes; ``DaemonChunkStore`` (daemon_store.py) puts
+the kvstore daemon behind the same interface, with an InProcessChunkStore in front.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ class ChunkStore(Protocol):
     def get(self, key: bytes) -> torch.Tensor | None: ...
 
     def put(self, key: bytes, kv: torch.Tensor) -> None: ...
-
-    def contains(self, key: bytes) -> bool: ...
 
 
 class InProcessChunkStore:
@@ -59,10 +57,6 @@ class InProcessChunkStore:
             if kv is not None:
                 self._d.move_to_end(key)
             return kv
-
-    def contains(self, key: bytes) -> bool:
-        with self._lock:
-            return key in self._d
 
     def put(self, key: bytes, kv: torch.Tensor) -> None:
         size = kv.numel() * kv.element_size()

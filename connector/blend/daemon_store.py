@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 
 from connector.blend.chunk_cache import InProcessChunkStore
+from connector.dtypes import from_block_array, to_block_array
 from kvstore.block import encode_block
 from kvstore.errors import KVStoreError
 
@@ -42,7 +42,7 @@ class DaemonChunkStore:
         if block.layout != LAYOUT or len(block.shape) != 5:
             log.warning("kvstore block %s is not a chunk (layout %r); ignoring it", key.hex(), block.layout)
             return None
-        kv = torch.from_numpy(np.array(block.array()))  # own the memory: the view dies with the call
+        kv = from_block_array(block.array())
         if self.local is not None:
             self.local.put(key, kv)
         return kv
@@ -50,18 +50,12 @@ class DaemonChunkStore:
     def put(self, key: bytes, kv: torch.Tensor) -> None:
         if self.local is not None:
             self.local.put(key, kv)
-        arr = kv.detach().to("cpu").contiguous().numpy()
+        arr, dtype = to_block_array(kv)
         try:
-            self.client.put(key, encode_block(key, arr, layout=LAYOUT))
+            self.client.put(key, encode_block(key, arr, dtype=dtype, layout=LAYOUT))
         except KVStoreError as e:
             self.errors += 1
             log.warning("chunk put to the kvstore failed (%s); kept only in process", e)
 
-    def contains(self, key: bytes) -> bool:
-        if self.local is not None and self.local.contains(key):
-            return True
-        try:
-            return self.client.lookup([key]).tiers[0] is not None
-        except KVStoreError:
-            self.errors += 1
-            return False
+    def close(self) -> None:
+        self.client.close()

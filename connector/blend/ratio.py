@@ -22,7 +22,9 @@ def _eval(est: Estimate, n: int, per_unit: bool) -> float:
 
 
 @dataclass(frozen=True)
-class RatioPolicy:
+class RecomputeRatio:
+    """The recompute ratio of a blend: at least ``r_min``, more while the extra recompute hides under the load."""
+
     r_min: float = 0.15
     load_time_s: Estimate | None = None  # bytes -> s (a number: seconds for the whole load)
     recompute_time_s: Estimate | None = None  # tokens -> s (a number: seconds per token)

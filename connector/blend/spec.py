@@ -49,20 +49,6 @@ class BlendSpec:
     def num_document_tokens(self) -> int:
         return sum(len(s.ids) for s in self.segments if s.document)
 
-    @staticmethod
-    def coerce(obj: BlendSpec | Mapping[str, Any]) -> BlendSpec:
-        """Accept a BlendSpec or {"segments": [[ids], ...], "documents": [bool, ...], "ratio": r}."""
-        if isinstance(obj, BlendSpec):
-            return obj
-        if not isinstance(obj, Mapping) or "segments" not in obj:
-            raise InvalidBlendRequestError("req.extra['blend'] must be a BlendSpec or a dict with 'segments'")
-        segs = obj["segments"]
-        flags = obj.get("documents") or [False] * len(segs)
-        if len(flags) != len(segs):
-            raise InvalidBlendRequestError("'documents' must give one flag per segment")
-        return BlendSpec(tuple(Segment(tuple(int(t) for t in s), bool(f)) for s, f in zip(segs, flags, strict=True)),
-                         obj.get("ratio"), obj.get("select"))
-
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

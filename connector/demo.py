@@ -1,4 +1,4 @@
-"""`make demo`: start `kvengine serve` on the bundled model, run a short multi-turn chat workload
+"""`make demo` (``python -m connector.demo --with-kvstore``): start `kvengine serve` on the bundled model, run a short multi-turn chat workload
 through the official openai client, and print cold vs warm TTFT and the prefix-cache hit rate.
 
 With ``--with-kvstore`` (the connector's demo) a kvstore daemon is started too, and a second engine
@@ -18,6 +18,8 @@ import time
 from contextlib import contextmanager
 
 import httpx
+
+from kvstore.launch import running_daemon
 
 SYSTEM = ("You are Atlas, a concise travel assistant for European rail trips. You know timetables, "
           "station layouts, ticket rules, luggage limits and good places to eat near stations. Answer in "
@@ -92,8 +94,6 @@ def metric(base: str, name: str) -> float:
 @contextmanager
 def kvstore_daemon(workdir: str):
     """`kvstore serve` with its embedded default tiers (cpu over disk, the disk under ``workdir``)."""
-    from kvstore.launch import running_daemon
-
     with running_daemon(workdir) as address:
         print(f"[demo] kvstore daemon on {address} (cpu 1GiB -> disk under {workdir})", flush=True)
         yield address

@@ -1,0 +1,16 @@
+"""What the KV connector keeps per request, in the request's declared ``kv`` slot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from connector.cost_model import Decision
+from engine.request import HookState
+from kvstore.keys import BlockKey
+
+
+@dataclass
+class KVState(HookState):
+    keys: list[BlockKey] = field(default_factory=list)  # chained keys of the full pages, computed once
+    decision: Decision | None = None  # the cost model's last decision for this request
+    load_s: float = 0.0  # measured seconds of that load (0: nothing loaded)
