@@ -42,15 +42,6 @@ def _expected_dtype(dtype: torch.dtype) -> str:
     return np.dtype(str(dtype).removeprefix("torch.")).str
 
 
-def _page_bytes(kv: torch.Tensor) -> np.ndarray:
-    """A host KV tensor [layers, 2, pages, ...] as the bytes [layers, 2, pages, seg] (a view)."""
-    arr = kv.view(torch.uint8).numpy()
-    out = arr.reshape(*arr.shape[:3], -1)
-    if not np.may_share_memory(out, arr):  # reshape had to copy: a page's bytes are not contiguous
-        raise ValueError(f"KV tensor of strides {kv.stride()} has no contiguous page bytes")
-    return out
-
-
 class _PageCopier:
     """Copies a block's payload into a pool page and verifies what was copied (one pass)."""
 
@@ -62,11 +53,11 @@ class _PageCopier:
         if in_place is None:
             in_place = pool.device.type == "cpu"
         if in_place:
-            self._pages = _page_bytes(pool.kv)
+            self._pages = native.page_bytes(pool.kv)
         else:
             layers, kv, *page = pool.block_shape()
             self._stage = torch.empty((layers, kv, 1, *page), dtype=pool.dtype, pin_memory=torch.cuda.is_available())
-            self._pages = _page_bytes(self._stage)
+            self._pages = native.page_bytes(self._stage)
 
     def copy(self, page: int, header: BlockHeader, payload: memoryview) -> None:
         """Raises ChecksumError if the copy does not match (the page then holds garbage: the

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import torch
 import xxhash
 
 from kvstore.block import _CHECKSUM_OFFSET, _FIXED, BlockHeader
@@ -46,6 +47,16 @@ class NativeStatus(NamedTuple):
 def hashed_header(raw: bytes) -> bytes:
     """The bytes a block's checksum starts with: its header with the checksum field zeroed."""
     return raw[:_CHECKSUM_OFFSET] + b"\0" * 8 + raw[_FIXED.size :]
+
+
+def page_bytes(kv: torch.Tensor) -> np.ndarray:
+    """A host KV tensor ``[layers, 2, pages, ...]`` (any strides along those three axes) as the
+    bytes ``[layers, 2, pages, seg]`` the ops take: a view, never a copy."""
+    arr = kv.view(torch.uint8).numpy()
+    out = arr.reshape(*arr.shape[:3], -1)
+    if not np.may_share_memory(out, arr):  # reshape had to copy: a page's bytes are not contiguous
+        raise ValueError(f"KV tensor of strides {kv.stride()} has no contiguous page bytes")
+    return out
 
 
 def _library_path() -> Path | None:
