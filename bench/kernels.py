@@ -7,8 +7,11 @@ one block per page as the connector stores them, a 2k-token hit (128 pages) per 
   unpack_verify  each block's payload (its own bytes object, as a received block) -> a pool page,
                  pages in shuffled order, checksum of the copy checked against the header
   pack_checksum  each pool page -> its own preallocated block payload, checksum returned
-Figures are medians of ``reps`` warmed passes (GB/s = pass bytes / time); ``meta`` records the
-implementation that ran, cores, load average before and after, git revision.
+Each repetition times memcpy and every op once, one after the other (on a shared box the load
+drifts between sections; interleaving puts memcpy and the ops under the same load). Figures are
+medians over ``reps`` warmed repetitions (GB/s = pass bytes / time); ``paired_native_over_memcpy``
+is the median over repetitions of memcpy time / native time of the same repetition. ``meta``
+records the implementation that ran, cores, load average before and after, git revision.
 """
 
 from __future__ import annotations
@@ -32,16 +35,6 @@ LAYERS, PAGE, HEADS, DIM, ITEM = 30, 16, 3, 64, 4
 SEG = PAGE * HEADS * DIM * ITEM
 
 
-def _median_gbps(nbytes: int, reps: int, fn: Callable[[], object]) -> float:
-    fn()  # warm: page faults, caches, lazy loading
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(times) / 1e9
-
-
 def run(pages: int, reps: int) -> dict:
     rng = np.random.default_rng(0)
     pool = rng.integers(0, 256, (LAYERS, 2, 2 * pages, SEG), dtype=np.uint8)
@@ -50,11 +43,11 @@ def run(pages: int, reps: int) -> dict:
               for i in range(pages)]
     headers = [read_header(b) for b in blocks]
     payloads = [memoryview(b)[h.size :] for b, h in zip(blocks, headers, strict=True)]
+    prefixes = [native.hashed_header(h.raw) for h in headers]
+    outs = [np.empty(LAYERS * 2 * SEG, np.uint8) for _ in range(pages)]
     nbytes = pages * LAYERS * 2 * SEG
-
     src = rng.integers(0, 256, nbytes, dtype=np.uint8)
     dst = np.empty_like(src)
-    memcpy = _median_gbps(nbytes, reps, lambda: np.copyto(dst, src))
 
     def unpack(use_native: bool) -> Callable[[], None]:
         def go() -> None:
@@ -62,21 +55,35 @@ def run(pages: int, reps: int) -> dict:
                 native.unpack_verify(h, p, pool, [page], use_native=use_native)
         return go
 
-    prefixes = [native.hashed_header(h.raw) for h in headers]
-    outs = [np.empty(LAYERS * 2 * SEG, np.uint8) for _ in range(pages)]
-
     def pack(use_native: bool) -> Callable[[], None]:
         def go() -> None:
             for pre, out, page in zip(prefixes, outs, targets, strict=True):
                 native.pack_checksum(pre, pool, [page], out, use_native=use_native)
         return go
 
+    cases: dict[str, Callable[[], object]] = {
+        "memcpy": lambda: np.copyto(dst, src),
+        "unpack_verify/native": unpack(True), "unpack_verify/fallback": unpack(False),
+        "pack_checksum/native": pack(True), "pack_checksum/fallback": pack(False),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for rep in range(reps + 1):  # repetition 0 warms up (page faults, caches, lazy loading)
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+
+    def gbps(name: str) -> float:
+        return nbytes / statistics.median(times[name]) / 1e9
+
+    memcpy = gbps("memcpy")
     ops = {}
-    for name, op in (("unpack_verify", unpack), ("pack_checksum", pack)):
-        nat = _median_gbps(nbytes, reps, op(True))
-        fb = _median_gbps(nbytes, reps, op(False))
-        ops[name] = {"native_gbps": nat, "fallback_gbps": fb, "native_over_memcpy": nat / memcpy,
-                     "native_over_fallback": nat / fb}
+    for op in ("unpack_verify", "pack_checksum"):
+        nat, fb = gbps(f"{op}/native"), gbps(f"{op}/fallback")
+        paired = statistics.median(m / t for m, t in zip(times["memcpy"], times[f"{op}/native"], strict=True))
+        ops[op] = {"native_gbps": nat, "fallback_gbps": fb, "native_over_memcpy": nat / memcpy,
+                   "paired_native_over_memcpy": paired, "native_over_fallback": nat / fb}
     return {"memcpy_gbps": memcpy, "ops": ops, "pass_bytes": nbytes, "pages": pages, "reps": reps}
 
 
