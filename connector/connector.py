@@ -23,6 +23,7 @@ from connector.keys import KeySpace
 from connector.loader import Loader
 from connector.metrics import ConnectorMetrics
 from connector.offload import KnownKeys, Offloader
+from connector.staging import StagedPages
 from connector.state import KVState
 from engine.hooks import PageSource, PrefixExtension
 from engine.radix_cache import EvictedNode
@@ -208,8 +209,7 @@ class KVConnector:
             self.metrics.offload_blocks.labels("skipped_known").inc(len(keys) - len(todo))
         if not todo:
             return
-        blocks = self.pool.read_pages([p for _, p in todo])
-        self.offloader.submit([k for k, _ in todo], blocks)
+        self.offloader.submit(StagedPages(self.pool, [k for k, _ in todo], [p for _, p in todo]))
 
     def on_evict(self, nodes: list[EvictedNode]) -> None:
         if not self.cfg.offload_on_evict:

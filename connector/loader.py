@@ -6,8 +6,8 @@ attention: key, dtype and shape from a private copy of its header, then the chec
 payload *as copied*; the first bad or missing block ends the usable prefix (the rest is
 recomputed). Copy first, verify the copy: on the shared-memory path the source is a segment that
 other writers can reach, so bytes verified there could differ from the bytes then copied. A block
-is still copied once (segment -> pool page, verified in place; on an accelerator: segment ->
-pinned host staging, verified there, then uploaded).
+is copied once, checksummed in the same pass (``connector.native.unpack_verify``: segment -> pool
+page; on an accelerator: segment -> pinned host staging, then uploaded).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from connector import native
 from engine.kv_pool import KVPool
-from kvstore.block import BlockHeader, read_header, verify_payload
+from kvstore.block import BlockHeader, read_header
 from kvstore.client import KVStoreClient
 from kvstore.errors import BlockFormatError, KVStoreError, KVStoreTimeout
 from kvstore.keys import BlockKey
@@ -42,34 +43,30 @@ def _expected_dtype(dtype: torch.dtype) -> str:
 
 
 class _PageCopier:
-    """Copies a block's payload into a pool page and verifies what was copied."""
+    """Copies a block's payload into a pool page and verifies what was copied (one pass)."""
 
     def __init__(self, pool: KVPool, in_place: bool | None = None) -> None:
-        """``in_place``: verify inside the pool (default: when the pool is in host memory)."""
+        """``in_place``: copy straight into the pool (default: when the pool is in host memory);
+        otherwise into a one-page host staging buffer (pinned under CUDA), then upload."""
         self.pool = pool
-        self._shape = (1, *pool.block_shape())
         self._stage: torch.Tensor | None = None
-        self._pages: np.ndarray | None = None
         if in_place is None:
             in_place = pool.device.type == "cpu"
-        if in_place:  # the pool's bytes, [layers, 2, pages, page_size, heads, head_dim * itemsize]
-            self._pages = pool.kv.view(torch.uint8).numpy()
+        if in_place:
+            self._pages = native.page_bytes(pool.kv)
         else:
-            self._stage = torch.empty(pool.bytes_per_page, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            layers, kv, *page = pool.block_shape()
+            self._stage = torch.empty((layers, kv, 1, *page), dtype=pool.dtype, pin_memory=torch.cuda.is_available())
+            self._pages = native.page_bytes(self._stage)
 
     def copy(self, page: int, header: BlockHeader, payload: memoryview) -> None:
         """Raises ChecksumError if the copy does not match (the page then holds garbage: the
         caller does not count it, and the pages from the first bad one on are recomputed)."""
-        if self._pages is not None:
-            self.pool.write_pages([page], torch.frombuffer(payload, dtype=self.pool.dtype).view(self._shape))
-            layers = self._pages.shape[0]
-            verify_payload(header, (self._pages[layer, kv, page] for layer in range(layers) for kv in (0, 1)))
+        if self._stage is None:
+            native.unpack_verify(header, payload, self._pages, [page])
             return
-        assert self._stage is not None
-        staged = self._stage.numpy()
-        staged[:] = np.frombuffer(payload, dtype=np.uint8)
-        verify_payload(header, [staged])
-        self.pool.write_pages([page], self._stage.view(self.pool.dtype).view(self._shape))
+        native.unpack_verify(header, payload, self._pages, [0])
+        self.pool.write_pages([page], self._stage.permute(2, 0, 1, 3, 4, 5))
 
 
 class Loader:
@@ -80,6 +77,7 @@ class Loader:
         self._shape = pool.block_shape()
         self._dtype = _expected_dtype(pool.dtype)
         self._copier = _PageCopier(pool)
+        native.log_status()
         self.throttle_bps = 0.0  # > 0: a bandwidth test double, every chunk also waits bytes / this
 
     def _throttle(self, n_blocks: int, left: float) -> None:

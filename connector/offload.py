@@ -1,8 +1,9 @@
 """Offload: staged copies of KV pages sent to the daemon in batches by a background thread.
 
-The scheduler thread only copies pages out (``KVPool.read_pages``, one memcpy) and queues the
-copy, so the pages can be freed at once; encoding, the "does the daemon already hold these?"
-lookup and the Put happen here, off the critical path. When the staging budget is full new work
+The scheduler thread only copies pages out (``StagedPages``: one pass, straight into encoded
+blocks for a host pool; one device->host copy for an accelerator pool) and queues them, so the
+pages can be freed at once; the "does the daemon already hold these?" lookup, the encoding still
+left (accelerator pools) and the Put happen here, off the critical path. When the staging budget is full new work
 is dropped (and counted) instead of blocking the engine. Failures are counted and dropped too:
 an offload is an optimisation, never a reason to fail a request.
 """
@@ -15,16 +16,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-import torch
-
-from connector.dtypes import to_block_array
 from connector.metrics import ConnectorMetrics
-from kvstore.block import encode_block
+from connector.staging import LAYOUT, StagedPages
 from kvstore.client import KVStoreClient
-from kvstore.keys import BlockKey
 
 log = logging.getLogger(__name__)
-LAYOUT = "L2PHD"  # layers, k/v, page tokens, kv heads, head dim
+__all__ = ["LAYOUT", "KnownKeys", "Offloader"]
 
 
 class KnownKeys:
@@ -61,7 +58,7 @@ class Offloader:
         self.known = known
         self.queue_bytes = queue_bytes
         self.batch_bytes = batch_bytes
-        self._q: deque[tuple[list[BlockKey], torch.Tensor]] = deque()
+        self._q: deque[StagedPages] = deque()
         self._queued = 0
         self._busy = False
         self._cv = threading.Condition()
@@ -69,14 +66,14 @@ class Offloader:
         self._thread = threading.Thread(target=self._run, name="kv-offload", daemon=True)
         self._thread.start()
 
-    def submit(self, keys: list[BlockKey], blocks: torch.Tensor) -> bool:
-        """Queue ``blocks`` ([n, L, 2, P, H, D], already a private copy) under ``keys``."""
-        nbytes = blocks.numel() * blocks.element_size()
+    def submit(self, staged: StagedPages) -> bool:
+        """Queue pages already copied out of the pool (a private copy)."""
+        nbytes = staged.nbytes
         with self._cv:
             if self._stop or self._queued + nbytes > self.queue_bytes:
-                self.metrics.offload_blocks.labels("dropped").inc(len(keys))
+                self.metrics.offload_blocks.labels("dropped").inc(len(staged))
                 return False
-            self._q.append((keys, blocks))
+            self._q.append(staged)
             self._queued += nbytes
             self.metrics.offload_queue_bytes.set(self._queued)
             self._cv.notify()
@@ -101,7 +98,7 @@ class Offloader:
         self._thread.join(timeout)
 
     # -- background ------------------------------------------------------------------------
-    def _take(self) -> list[tuple[list[BlockKey], torch.Tensor]] | None:
+    def _take(self) -> list[StagedPages] | None:
         with self._cv:
             while not self._q and not self._stop:
                 self._cv.wait()
@@ -109,11 +106,10 @@ class Offloader:
                 return None
             batch, size = [], 0
             while self._q and (not batch or size < self.batch_bytes):
-                keys, blocks = self._q.popleft()
-                nbytes = blocks.numel() * blocks.element_size()
-                self._queued -= nbytes
-                size += nbytes
-                batch.append((keys, blocks))
+                staged = self._q.popleft()
+                self._queued -= staged.nbytes
+                size += staged.nbytes
+                batch.append(staged)
             self._busy = True
             self.metrics.offload_queue_bytes.set(self._queued)
             return batch
@@ -126,7 +122,7 @@ class Offloader:
             try:
                 self._send(batch)
             except Exception as e:  # noqa: BLE001 - offload failures are counted, never raised
-                n = sum(len(k) for k, _ in batch)
+                n = sum(len(s) for s in batch)
                 self.metrics.offload_blocks.labels("failed").inc(n)
                 log.warning("offload of %d blocks failed: %s", n, e)
             finally:
@@ -134,9 +130,8 @@ class Offloader:
                     self._busy = False
                     self._cv.notify_all()
 
-    def _send(self, batch: list[tuple[list[BlockKey], torch.Tensor]]) -> None:
-        keys = [k for ks, _ in batch for k in ks]
-        rows = [b[i] for ks, b in batch for i in range(len(ks))]
+    def _send(self, batch: list[StagedPages]) -> None:
+        keys = [k for s in batch for k in s.keys]
         held = self.client.lookup(keys).tiers  # do not send bytes the daemon already has
         todo = [i for i, t in enumerate(held) if t is None]
         if len(todo) < len(keys):
@@ -144,10 +139,10 @@ class Offloader:
             self.known.add([keys[i] for i, t in enumerate(held) if t is not None])
         if not todo:
             return
-        items, dtype = [], ""
-        for i in todo:
-            arr, dtype = to_block_array(rows[i])
-            items.append((keys[i], encode_block(keys[i], arr, dtype=dtype, shape=arr.shape, layout=LAYOUT)))
+        items, first = [], 0
+        for s in batch:
+            items += s.encoded([i - first for i in todo if first <= i < first + len(s)])
+            first += len(s)
         self.client.put_many(items)
         nbytes = sum(len(v) for _, v in items)
         self.known.add([keys[i] for i in todo])

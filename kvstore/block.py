@@ -94,6 +94,40 @@ def _as_bytes_view(payload: Payload) -> memoryview:
     return memoryview(payload).cast("B")
 
 
+def encode_header(key: bytes, dtype: np.dtype | str, shape: tuple[int, ...], layout: str, payload_len: int) -> bytes:
+    """The header of a block (padding included) with its checksum field zero: the bytes its
+    checksum starts with. ``payload_len`` must match ``shape`` x ``dtype``."""
+    dt = _norm_dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) > MAX_NDIM or any(s < 0 for s in shape):
+        raise BlockFormatError(f"bad shape {shape}")
+    if not key or len(key) > MAX_KEY_LEN:
+        raise BlockFormatError(f"key length {len(key)} outside 1..{MAX_KEY_LEN}")
+    lay = layout.encode()
+    if len(lay) > MAX_LAYOUT_LEN:
+        raise BlockFormatError(f"layout longer than {MAX_LAYOUT_LEN} bytes")
+    if payload_len != prod(shape) * dt.itemsize:
+        raise BlockFormatError(
+            f"payload of {payload_len} bytes does not match shape {shape} x {dt.itemsize} bytes"
+        )
+    dts = dt.str.encode()
+    out = bytearray(header_size(len(key), len(shape), len(dts), len(lay)))
+    _FIXED.pack_into(out, 0, MAGIC, VERSION, len(shape), len(dts), len(key), len(lay), payload_len, 0)
+    off = _FIXED.size
+    for s in shape:
+        struct.pack_into("<Q", out, off, s)
+        off += 8
+    for part in (dts, key, lay):
+        out[off : off + len(part)] = part
+        off += len(part)
+    return bytes(out)
+
+
+def set_checksum(block: bytearray | memoryview, checksum: int) -> None:
+    """Write ``checksum`` into the header of ``block`` (built from ``encode_header``)."""
+    struct.pack_into("<Q", block, _CHECKSUM_OFFSET, checksum)
+
+
 def encode_block(
     key: bytes,
     data: Payload,
@@ -107,35 +141,16 @@ def encode_block(
         shape = tuple(data.shape) if shape is None else shape
     if dtype is None or shape is None:
         raise BlockFormatError("dtype and shape are required for raw bytes payloads")
-    dt = _norm_dtype(dtype)
-    shape = tuple(int(s) for s in shape)
-    if len(shape) > MAX_NDIM or any(s < 0 for s in shape):
-        raise BlockFormatError(f"bad shape {shape}")
-    if not key or len(key) > MAX_KEY_LEN:
-        raise BlockFormatError(f"key length {len(key)} outside 1..{MAX_KEY_LEN}")
-    lay = layout.encode()
-    if len(lay) > MAX_LAYOUT_LEN:
-        raise BlockFormatError(f"layout longer than {MAX_LAYOUT_LEN} bytes")
+    dt = _norm_dtype(dtype)  # before viewing the data: object arrays have no bytes to view
     view = _as_bytes_view(data)
-    if view.nbytes != prod(shape) * dt.itemsize:
-        raise BlockFormatError(
-            f"payload of {view.nbytes} bytes does not match shape {shape} x {dt.itemsize} bytes"
-        )
-    dts = dt.str.encode()
-    hsize = header_size(len(key), len(shape), len(dts), len(lay))
+    header = encode_header(key, dt, shape, layout, view.nbytes)
+    hsize = len(header)
     out = bytearray(hsize + view.nbytes)
-    _FIXED.pack_into(out, 0, MAGIC, VERSION, len(shape), len(dts), len(key), len(lay), view.nbytes, 0)
-    off = _FIXED.size
-    for s in shape:
-        struct.pack_into("<Q", out, off, s)
-        off += 8
-    for part in (dts, key, lay):
-        out[off : off + len(part)] = part
-        off += len(part)
+    out[:hsize] = header
     out[hsize:] = view
-    h = xxhash.xxh3_64(memoryview(out)[:hsize])
+    h = xxhash.xxh3_64(header)
     h.update(view)
-    struct.pack_into("<Q", out, _CHECKSUM_OFFSET, h.intdigest())
+    set_checksum(out, h.intdigest())
     return bytes(out)
 
 

@@ -4,15 +4,13 @@ write) therefore can never put unverified KV into the pool. Runs against a real 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pytest
 import torch
 
 from connector.loader import Loader, _PageCopier
 from engine.kv_pool import KVPool
-from kvstore.block import encode_block
+from kvstore.block import BlockHeader, encode_block
 from kvstore.client import KVStoreClient
 from kvstore.keys import BlockKey
 from kvstore.retry import Retry
@@ -21,16 +19,18 @@ from tests.test_shm_safety import WAIT_S, Gate, inprocess_daemon
 PAGES = 4
 
 
-class LateWriterPool(KVPool):
-    """A KV pool whose page ``late_page`` sees its source bytes change just before the copy,
-    as a late write into a shared-memory segment would."""
+class LateWriterCopier(_PageCopier):
+    """A page copier whose page ``late_page`` sees its source bytes change after the header was
+    checked and before the copy, as a late write into a shared-memory segment would."""
 
     late_page = -1
 
-    def write_pages(self, pages: Sequence[int], blocks: torch.Tensor) -> None:
-        if list(pages) == [self.late_page]:
-            blocks.view(-1)[0] += 1.0
-        super().write_pages(pages, blocks)
+    def copy(self, page: int, header: BlockHeader, payload: memoryview) -> None:
+        if page == self.late_page:
+            changed = bytearray(payload)
+            changed[0] ^= 0x01
+            payload = memoryview(changed)
+        super().copy(page, header, payload)
 
 
 def _blocks(pool: KVPool) -> tuple[list[BlockKey], list[np.ndarray], list[tuple[bytes, bytes]]]:
@@ -50,18 +50,19 @@ def _page(pool: KVPool, page: int) -> np.ndarray:
 
 @pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "stream"])
 def test_load_copies_then_verifies(tiny, use_shm: bool) -> None:
-    pool = _pool(tiny, LateWriterPool)
+    pool = _pool(tiny)
     keys, arrays, items = _blocks(pool)
     pages = [1, 2, 3, 4]
     with inprocess_daemon() as d, KVStoreClient(d.address, use_shm=use_shm, retry=Retry(attempts=1)) as c:
         c.put_many(items)
         loader = Loader(c, pool, chunk_bytes=64 * pool.bytes_per_page)
+        copier = loader._copier = LateWriterCopier(pool)
         res = loader.load(keys, pages, deadline_s=WAIT_S)
         assert (res.pages_ok, res.failure) == (PAGES, "")
         for p, a in zip(pages, arrays, strict=True):
             assert np.array_equal(_page(pool, p), a)
         pool.kv.zero_()
-        pool.late_page = pages[2]  # type: ignore[attr-defined]
+        copier.late_page = pages[2]
         res = loader.load(keys, pages, deadline_s=WAIT_S)
         assert (res.pages_ok, res.failure) == (2, "checksum")  # the changed page never counts
         for p, a in zip(pages[:2], arrays[:2], strict=True):
