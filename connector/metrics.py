@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from connector import native
+
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -28,10 +30,12 @@ class ConnectorMetrics:
         self.prediction_error = Histogram("tierkv_connector_prediction_error_ratio",
                                           "|predicted - measured| / measured of loads",
                                           buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5), registry=r)
+        self.native_info = native.info_gauge(r)  # tierkv_native_info{impl, reason}: which data-path ops run
 
     def collectors(self) -> list:
         return [self.decisions, self.lookups, self.loaded_tokens, self.load_seconds, self.load_failures,
-                self.offload_blocks, self.corrupt_deleted, self.offload_bytes, self.offload_queue_bytes, self.prediction_error]
+                self.offload_blocks, self.corrupt_deleted, self.offload_bytes, self.offload_queue_bytes, self.prediction_error,
+                self.native_info]
 
     def value(self, name: str, **labels: str) -> float:
         v = self.registry.get_sample_value(name, labels or None)

@@ -190,3 +190,12 @@ def test_what_is_verified_is_what_landed(use_native: bool) -> None:
         assert use_native  # the native op copies K over V's source, then hashes what landed
         return
     assert np.array_equal(pool, data)
+
+
+def test_connector_metrics_name_the_active_implementation() -> None:
+    from connector import native
+    from connector.metrics import ConnectorMetrics
+
+    m = ConnectorMetrics()
+    st = native.status()
+    assert m.value("tierkv_native_info", impl=st.impl, reason=st.reason) == 1.0
