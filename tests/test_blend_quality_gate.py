@@ -121,15 +121,17 @@ def test_bad_blends_switch_blending_off_then_good_ones_back_on(tiny4, reference)
         i += 1
     assert not gate.blending and m.gate_switched_off == 1 and m.gate_blending == 0
     assert m.gate_agreement < 0.9 and m.gate_samples >= 2
-    # while off: requests are prefilled in full (same tokens as a plain engine), the bad blends keep it off
-    for _ in range(3):
+    # while off: requests are prefilled in full (same tokens as a plain engine), and the gate's blended
+    # shadows, still bad, keep it off for longer than a window (a shadow sharing the request's radix
+    # tree would find the prompt just prefilled there, hardly blend, and wrongly agree)
+    for _ in range(5):
         ids, spec = _spec(tok, i)
         req = _ask(eng, hook, spec)
         i += 1
         assert req.blend.gated and req.blend.stats is None
         assert req.output_ids == reference(ids)
         assert req.cached_tokens == req.usage.radix  # a full prefill: only exact radix hits
-    assert not gate.blending and m.gated_requests == 3
+    assert not gate.blending and m.gated_requests == 5
     # the store is repaired and requests ask for exact blends: the gate's blended shadows agree again
     store.corrupt = False
     for _ in range(8):
@@ -154,7 +156,11 @@ def test_exact_blends_keep_blending_on(tiny4, reference) -> None:
         ids, spec = _spec(tiny4.tokenizer, i, ratio=1.0)
         req = _ask(eng, hook, spec)
         assert req.blend.stats is not None and req.output_ids == reference(ids)
-    assert hook.gate.blending and hook.metrics.gate_samples == 5 and hook.gate.agreement == 1.0
+    # a sampled (not greedy) request: both sides of its probe are greedy shadows
+    rid = hook.add_request(_spec(tiny4.tokenizer, 5, ratio=1.0)[1], SamplingParams(max_tokens=2, temperature=1.0))
+    _drain(eng)
+    assert eng.requests.get(rid) is None and not hook.prober.inflight
+    assert hook.gate.blending and hook.metrics.gate_samples == 6 and hook.gate.agreement == 1.0
     assert hook.metrics.gate_switched_off == 0 and hook.metrics.gated_requests == 0
     text = b"".join(f.name.encode() + str(f.samples[0].value).encode() + b"\n"
                     for f in BlendCollector(hook.metrics).collect())
@@ -243,3 +249,14 @@ def test_an_aborted_request_starts_no_probe(tiny4) -> None:
     eng.abort(rid)
     assert req.finish_reason == "abort" and req.blend.stats is not None
     assert not eng.has_unfinished() and not hook.prober.inflight
+
+
+def test_a_shadow_that_does_not_fit_skips_the_sample(tiny4) -> None:
+    ids, spec = _spec(tiny4.tokenizer, 0)
+    eng = LLMEngine(EngineConfig(num_pages=64, device="cpu", page_size=16, max_model_len=len(ids) + 2), loaded=tiny4)
+    hook = attach_cacheblend(eng, BlendConfig(ratio=0.0, gate_fraction=1.0, gate_tokens=TOKENS), store=ShiftingStore())
+    # sampled (not greedy): both sides are shadows of TOKENS tokens, longer than the context allows
+    rid = hook.add_request(spec, SamplingParams(max_tokens=2, temperature=1.0, seed=1))
+    req = eng.requests[rid]
+    _drain(eng)
+    assert req.finish_reason == "length" and hook.metrics.gate_skipped == 1 and not hook.prober.inflight
