@@ -6,7 +6,8 @@ chosen deterministically: every 1/fraction-th one) is answered twice more, in th
 
 - a *probe* compares the first ``tokens`` greedy tokens of the blended prompt with those of a full
   prefill of the same prompt, as token LCS-F1 (1.0: identical; robust to a one-token shift);
-- each side the request itself did not produce greedily is a *shadow request* on the same engine:
+- each side the request itself did not produce greedily (``tokens`` of them at least: a short answer
+  is too small a sample) is a *shadow request* on the same engine:
   an ordinary request (greedy, ``ignore_eos``, no client) queued behind the real one, so it never
   delays that request's first token; its outputs go nowhere, and at most ``max_inflight`` probes
   run at once (a sample is skipped beyond that), which bounds the extra work;
@@ -153,8 +154,11 @@ class ShadowProber:
         if len(self.inflight) >= self.max_inflight:
             self.gate.metrics.gate_skipped += 1
             return
-        own = list(req.output_ids[: self.tokens]) if req.params.greedy else None
-        probe = Probe(len(own) if own else self.tokens)
+        # its own output is one side when greedy and long enough (an answer that stopped early would
+        # make a sample of a token or two: then both sides are shadows of ``tokens`` tokens)
+        own = list(req.output_ids[: self.tokens]) if req.params.greedy and len(req.output_ids) >= self.tokens \
+            else None
+        probe = Probe(self.tokens)
         if own is not None:
             if st.stats is not None:
                 probe.blended = own
