@@ -76,7 +76,9 @@ def attach_cacheblend(engine, config: BlendConfig | None = None, store: ChunkSto
 
 
 def attach_blend_frontend(engine, config: BlendConfig | None = None) -> BlendFrontend | None:
-    """CacheBlend for the server: the hook plus the request builders; None if the model is unsupported."""
+    """CacheBlend for the server: the hook plus the request builders; None if the model is unsupported.
+    Without ``config`` it comes from ``TIERKV_BLEND_*`` (e.g. the quality gate's TIERKV_BLEND_GATE_FRACTION)."""
+    config = config or BlendConfig.from_env()
     try:
         hook = attach_cacheblend(engine, config)
     except BlendUnsupportedError:

@@ -136,6 +136,8 @@ class AsyncEngine:
                     if out.completion_tokens == 1:
                         m.ttft.observe(now - add.t0)
                         m.prefix_hit_tokens.inc(out.cached_tokens)
+                        if out.usage is not None:
+                            m.count_usage(out.usage)
                     m.generation_tokens.inc(len(out.new_token_ids))
                     if out.finished:
                         m.e2e.observe(now - add.t0)

@@ -146,7 +146,8 @@ class LLMEngine:
                 self.scheduler.finish(req, reason)
                 self.requests.pop(req.rid, None)
             outs.append(RequestOutput(req.rid, [tok], new_text, req.finished, req.finish_reason,
-                                      len(req.prompt_ids), len(req.output_ids), req.cached_tokens))
+                                      len(req.prompt_ids), len(req.output_ids), req.cached_tokens,
+                                      usage=req.usage))
         return outs
 
     # -- offline convenience -------------------------------------------------------------

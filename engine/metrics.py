@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from engine.request import PromptUsage
+
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
 _TPOT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
@@ -21,11 +23,20 @@ class EngineMetrics:
         self.kv_usage = Gauge("tierkv_engine_kv_pool_usage_ratio", "Share of KV pool pages in use", registry=r)
         self.kv_pages = Gauge("tierkv_engine_kv_pool_pages", "KV pool pages in total", registry=r)
         self.prompt_tokens = Counter("tierkv_engine_prompt_tokens", "Prompt tokens received", registry=r)
-        self.prefix_hit_tokens = Counter("tierkv_engine_prefix_hit_tokens", "Prompt tokens served from a cache",
+        self.prefix_hit_tokens = Counter("tierkv_engine_prefix_hit_tokens",
+                                         "Prompt tokens whose KV was not computed for the request (cached_tokens)",
                                          registry=r)
+        self.prompt_kv_tokens = Counter("tierkv_engine_prompt_kv_tokens",
+                                        "Prompt tokens by where their KV came from (outcome cached|computed)",
+                                        ["outcome", "source"], registry=r)
         self.generation_tokens = Counter("tierkv_engine_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("tierkv_engine_requests", "Finished requests", ["finish_reason"], registry=r)
         self.preemptions = Gauge("tierkv_engine_preemptions", "Preemptions so far", registry=r)
+
+    def count_usage(self, usage: PromptUsage) -> None:
+        for outcome, parts in (("cached", usage.cached_by_source()), ("computed", usage.computed_by_source())):
+            for source, n in parts.items():
+                self.prompt_kv_tokens.labels(outcome, source).inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,8 +17,63 @@ from engine.radix_cache import TreeNode
 from engine.sampling import SamplingParams
 
 
+@dataclass(frozen=True)
+class PromptUsage:
+    """Where each prompt token's KV came from at the request's first admission (its usage).
+
+    ``cached`` counts only tokens whose KV was NOT computed for this request: exact hits in the
+    local radix tree, exact pages loaded by a KV connector (the kvstore daemon), and what an
+    approximate extension (CacheBlend) reused without recomputing it — its exact head (BOS +
+    system prompt) and the document tokens it did not select, both from chunks stored by earlier
+    requests. Everything else was computed for this request (``computed``): the tokens the plug-in
+    selected for recompute, chunks it had to compute first, and the plain prefill of the rest. The
+    parts sum to ``prompt_tokens``. "Reused" is at every layer the plug-in does not recompute
+    (CacheBlend recomputes its two check layers for all tokens; docs/architecture.md).
+    """
+
+    prompt_tokens: int
+    radix: int = 0  # exact: the local radix tree
+    loaded: int = 0  # exact: loaded by the KV connector
+    loaded_tier: str | None = None  # the tier that held most of the loaded pages, if known
+    approximate: int = 0  # tokens an approximate extension supplied; of those:
+    reused_exact: int = 0  #   exact KV reused from the plug-in's store (a stored prefix chunk)
+    reused_approx: int = 0  #   approximate KV reused without recompute (blended document tokens)
+    selected: int = 0  #   recomputed because the plug-in's selection picked them
+    fresh: int = 0  #   computed for this request by the plug-in (its chunk store missed)
+
+    def __post_init__(self) -> None:
+        parts = (self.radix, self.loaded, self.reused_exact, self.reused_approx, self.selected, self.fresh)
+        if min(parts) < 0 or self.reused_exact + self.reused_approx + self.selected + self.fresh > self.approximate \
+                or self.radix + self.loaded + self.approximate > self.prompt_tokens:
+            raise ValueError(f"inconsistent prompt usage {self}")
+
+    @property
+    def cached(self) -> int:
+        """OpenAI's ``prompt_tokens_details.cached_tokens``: KV not computed for this request."""
+        return self.radix + self.loaded + self.reused_exact + self.reused_approx
+
+    @property
+    def computed(self) -> int:
+        return self.prompt_tokens - self.cached
+
+    def cached_by_source(self) -> dict[str, int]:
+        """Named as in the response's ``prompt_tokens_details.tierkv.cached`` and on /metrics."""
+        return {"radix": self.radix, "daemon": self.loaded, "blend_prefix": self.reused_exact,
+                "blend_reused": self.reused_approx}
+
+    def computed_by_source(self) -> dict[str, int]:
+        """Why computed: picked by blend selection, a chunk computed for this request, plain prefill."""
+        return {"blend_selected": self.selected, "blend_chunk_miss": self.fresh,
+                "prefill": self.computed - self.selected - self.fresh}
+
+
 class HookState:
     """Base of a plug-in's per-request state (a declared slot on Request, not a dict of keys)."""
+
+    def account(self, usage: PromptUsage) -> PromptUsage:
+        """Refine the scheduler's usage with what only this plug-in knows (a tier, what it reused);
+        called once, at first admission, after every hook proposed."""
+        return usage
 
 
 class Status(enum.Enum):
@@ -39,8 +94,7 @@ class Request:
     pages: list[int] = field(default_factory=list)  # refs held by this request
     num_computed: int = 0
     radix_node: TreeNode | None = None  # locked radix node of the matched prefix
-    cached_tokens: int = 0  # prompt tokens served from a cache at first admission (usage)
-    cached_reported: bool = False
+    usage: PromptUsage | None = None  # where the prompt's KV came from (set at first admission)
     first_token_time: float | None = None
     finish_reason: str | None = None
     num_preemptions: int = 0
@@ -50,6 +104,11 @@ class Request:
     # per-request state of the plug-ins, each owned by its hook (the engine never looks inside)
     kv: HookState | None = None  # the KV connector's (connector/state.py KVState)
     blend: HookState | None = None  # a CacheBlend request's (connector/blend/state.py BlendState)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose KV was not computed for this request (usage; 0 before admission)."""
+        return self.usage.cached if self.usage is not None else 0
 
     @property
     def exact_tokens(self) -> int:
@@ -84,3 +143,4 @@ class RequestOutput:
     completion_tokens: int
     cached_tokens: int
     error: str | None = None
+    usage: PromptUsage | None = None  # the split behind cached_tokens

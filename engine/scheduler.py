@@ -23,7 +23,7 @@ from engine.errors import PromptTooLongError
 from engine.hooks import AdmissionHook, PrefixExtension
 from engine.kv_pool import KVPool
 from engine.radix_cache import RadixCache
-from engine.request import Request, Status
+from engine.request import PromptUsage, Request, Status
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,30 @@ class Scheduler:
         req.pages = list(m.pages)
         req.num_computed = m.num_tokens
         req.cache_limit = None
+        exact = approx = 0
         for hook in self.hooks:
             ext = hook.propose(req, self)
             if ext is not None:
+                before = req.num_computed
                 self.apply_extension(req, ext)
-        if not req.cached_reported:
-            req.cached_tokens = req.num_computed
-            req.cached_reported = True
+                if ext.exact:
+                    exact += req.num_computed - before
+                else:
+                    approx += req.num_computed - before
+        if req.num_preemptions == 0:  # usage reports the first admission (a preempted one recomputes)
+            req.usage = self._usage(req, m.num_tokens, exact, approx)
         req.status = Status.RUNNING
+
+    @staticmethod
+    def _usage(req: Request, radix: int, exact: int, approx: int) -> PromptUsage:
+        """What the scheduler saw (radix match, exact and approximate extensions it applied), refined
+        by the plug-ins' states (which tier, what of an approximate extension was reused). The engine
+        computed none of an extension's KV, so until a plug-in says otherwise it all counts as reused."""
+        usage = PromptUsage(len(req.prompt_ids), radix=radix, loaded=exact, approximate=approx, reused_approx=approx)
+        for st in (req.kv, req.blend):
+            if st is not None:
+                usage = st.account(usage)
+        return usage
 
     def apply_extension(self, req: Request, ext: PrefixExtension) -> None:
         """The one place a hook's proposal becomes request state: the request takes the pages'

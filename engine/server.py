@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP server over the AsyncEngine (FastAPI).
 
 /v1/completions, /v1/chat/completions (tokenizer chat template), SSE streaming, usage with
-prompt_tokens_details.cached_tokens, /v1/models, /health, /metrics. Errors are OpenAI-shaped
+prompt_tokens_details.cached_tokens (only prompt tokens whose KV was not computed for the request)
+and its split in the extension ``prompt_tokens_details.tierkv``, /v1/models, /health, /metrics. Errors are OpenAI-shaped
 400s; a client that disconnects has its request aborted so its pages are freed.
 """
 
@@ -33,9 +34,15 @@ def _error(status: int, message: str, etype: str = "invalid_request_error", para
 
 
 def _usage(out: RequestOutput) -> dict[str, Any]:
+    """OpenAI's usage, plus ``prompt_tokens_details.tierkv``: where each prompt token's KV came from
+    (``cached`` parts sum to ``cached_tokens``, ``cached`` + ``computed`` to ``prompt_tokens``)."""
+    details: dict[str, Any] = {"cached_tokens": out.cached_tokens}
+    u = out.usage
+    if u is not None:
+        details["tierkv"] = {"cached": u.cached_by_source(), "computed": u.computed_by_source(),
+                             "daemon_tier": u.loaded_tier}
     return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-            "total_tokens": out.prompt_tokens + out.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
+            "total_tokens": out.prompt_tokens + out.completion_tokens, "prompt_tokens_details": details}
 
 
 def _sse(obj: dict[str, Any]) -> str:

@@ -151,7 +151,10 @@ def test_hook_default_ratio_and_radix_stays_exact(tiny4):
         eng.step()
     st = req.blend.stats
     assert st.ratio == 0.2 and st.selected == round(0.2 * st.document_tokens)
-    assert req.cached_tokens == len(ids) - 1  # usage reports the blended tokens as cached
+    # every chunk was computed for this request (a cold store): none of its prompt's KV counts as cached;
+    # the recomputed document tokens are the selection's, the rest of the chunks' tokens are fresh
+    assert req.cached_tokens == 0 and req.usage.selected == st.recomputed_documents > 0
+    assert req.usage.fresh == st.fresh > 0 and req.usage.computed == len(ids)
     m = hook.metrics.snapshot()
     assert m["blended_requests"] == 1 and m["chunk_misses"] == len(spec.segments) - 1
     # only the exact prefix (BOS + system prompt) may enter the radix tree

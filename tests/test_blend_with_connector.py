@@ -59,7 +59,8 @@ def test_daemon_prefix_is_loaded_then_the_rest_blended(tiny, tmp_path: Path) -> 
             st = req.blend.stats
             assert isinstance(req.blend, BlendState) and st.exact_prefix == prefix  # blended after it
             assert hook_b.metrics.chunk_hits == len(spec.segments) - 1 and hook_b.metrics.chunk_misses == 0
-            assert req.cached_tokens == len(ids) - 1
+            # r = 1 recomputes every blended token: only the exact prefix loaded from the daemon is cached
+            assert req.cached_tokens == prefix and req.usage.loaded == prefix and req.usage.loaded_tier == "cpu"
             assert req.output_ids == want
             # only exact KV entered the radix tree: the loaded prefix, nothing blended
             assert b.radix.match_prefix(ids, record_stats=False).num_tokens == prefix

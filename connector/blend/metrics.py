@@ -1,4 +1,4 @@
-"""Counters the server exports: blended requests, recomputed-token share, chunk hits/misses."""
+"""Counters the server exports: blended requests, recomputed-token share, chunk hits/misses, the quality gate."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ class BlendMetrics:
     chunk_hits: int = 0
     chunk_misses: int = 0
     blend_seconds: float = 0.0
+    # the quality gate (quality_gate.py)
+    gated_requests: int = 0  # blend requests prefilled in full because the gate had switched blending off
+    gate_samples: int = 0  # probes compared (blended vs full prefill)
+    gate_agreement: float = 1.0  # mean LCS-F1 over the gate's window (1.0 before any sample)
+    gate_blending: int = 1  # 1 while blending is on
+    gate_switched_off: int = 0
+    gate_switched_on: int = 0
+    gate_skipped: int = 0  # samples skipped (too many probes in flight, or the shadow did not fit)
+    gate_void: int = 0  # probes whose blended shadow was not blended after all
 
     @property
     def recomputed_share(self) -> float:
@@ -42,7 +51,13 @@ class BlendCollector:
                  "recomputed_tokens": "Tokens recomputed at layers >= 2",
                  "chunk_hits": "Document chunks found in the chunk store",
                  "chunk_misses": "Document chunks computed (not in the chunk store)",
-                 "blend_seconds": "Seconds spent blending"}
+                 "blend_seconds": "Seconds spent blending",
+                 "gated_requests": "Blend requests prefilled in full because the quality gate switched blending off",
+                 "gate_samples": "Quality-gate probes compared against full prefill",
+                 "gate_switched_off": "Times the quality gate switched blending off",
+                 "gate_switched_on": "Times the quality gate switched blending back on",
+                 "gate_skipped": "Quality-gate samples skipped (probes in flight, or the shadow did not fit)",
+                 "gate_void": "Quality-gate probes whose blended shadow was not blended"}
 
     def __init__(self, metrics: BlendMetrics) -> None:
         self.metrics = metrics
@@ -58,3 +73,8 @@ class BlendCollector:
             yield CounterMetricFamily(f"tierkv_blend_{name}", doc, value=getattr(m, name))
         yield GaugeMetricFamily("tierkv_blend_recomputed_share", "Recomputed / blended prompt tokens",
                                 value=m.recomputed_share)
+        yield GaugeMetricFamily("tierkv_blend_gate_agreement",
+                                "Quality gate: mean LCS-F1 of blended vs full-prefill greedy tokens (rolling window)",
+                                value=m.gate_agreement)
+        yield GaugeMetricFamily("tierkv_blend_gate_blending", "Quality gate: 1 while blending is on, 0 while off",
+                                value=m.gate_blending)

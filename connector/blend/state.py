@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, NamedTuple
 
 from connector.blend.spec import BlendSpec
-from engine.request import HookState
+from engine.request import HookState, PromptUsage
+
+if TYPE_CHECKING:
+    from connector.blend.quality_gate import Probe
 
 
 class BlendStats(NamedTuple):
@@ -15,9 +18,24 @@ class BlendStats(NamedTuple):
     selected: int  # document tokens picked at the check layer
     document_tokens: int
     exact_prefix: int  # tokens loaded exact (radix / daemon) before blending
+    # the blended tokens (after exact_prefix) by where their KV came from, for usage:
+    reused_head: int = 0  # exact head (BOS + system prompt) from a stored prefix chunk, not recomputed
+    reused_documents: int = 0  # document tokens from stored chunks, not recomputed (approximate)
+    recomputed_documents: int = 0  # document tokens recomputed (selected, or everything at r = 1)
+    fresh: int = 0  # tokens of chunks computed for this request (the chunk store missed), not recomputed
 
 
 @dataclass
 class BlendState(HookState):
     spec: BlendSpec
     stats: BlendStats | None = None  # set once the prompt was blended (None: prefilled in full)
+    gated: bool = False  # prefilled in full because the quality gate had switched blending off
+    probe: Probe | None = None  # set on the quality gate's blended shadow of another request
+    chunk_salt: str | None = None  # tenant of the chunks (None: the request's cache_salt)
+
+    def account(self, usage: PromptUsage) -> PromptUsage:
+        s = self.stats
+        if s is None or usage.approximate == 0:
+            return usage
+        return replace(usage, reused_exact=s.reused_head, reused_approx=s.reused_documents,
+                       selected=s.recomputed_documents, fresh=s.fresh)
