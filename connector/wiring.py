@@ -86,3 +86,16 @@ def attach_blend_frontend(engine, config: BlendConfig | None = None) -> BlendFro
                   exc_info=True)
         return None
     return BlendFrontend(engine.tokenizer, hook)
+
+
+# -- --check-config: what each plug-in would build from the environment, validated, nothing started --
+def check_tierkv_config(address: str) -> None:
+    ConnectorConfig.from_env(address)  # TIERKV_CONNECTOR_*: raises ValueError with the field
+
+
+def check_blend_config() -> None:
+    BlendConfig.from_env()  # TIERKV_BLEND_*: raises ConfigError with the field
+
+
+attach_tierkv.check_config = check_tierkv_config  # type: ignore[attr-defined]
+attach_blend_frontend.check_config = check_blend_config  # type: ignore[attr-defined]

@@ -82,12 +82,19 @@ def _serve_address(a: argparse.Namespace) -> tuple[str, int]:
     return host_port(a.listen, "--listen") if a.listen else (a.host, a.port)
 
 
-def _check(a: argparse.Namespace, cfg: EngineConfig) -> int:
-    """--check-config: validate every flag and the environment, load nothing, serve nothing."""
+def _check_plugins(a: argparse.Namespace, cfg: EngineConfig) -> None:
+    """The plug-ins these flags ask for exist and accept their environment (ValueError if not)."""
     kvstore = a.kvstore or cfg.kvstore
     if kvstore:
         host_port(kvstore, "--kvstore")
-        plugins.resolve(cfg.kv_connector)  # the named connector exists and imports
+        plugins.check(cfg.kv_connector, kvstore)
+    if a.cmd == "serve" and not a.no_blend:
+        plugins.check("cacheblend")
+
+
+def _check(a: argparse.Namespace, cfg: EngineConfig) -> int:
+    """--check-config: validate every flag and the environment, load nothing, serve nothing."""
+    kvstore = a.kvstore or cfg.kvstore
     if a.cmd == "serve":
         host, port = _serve_address(a)
         metrics = f", metrics on {a.metrics_listen}" if a.metrics_listen else ""
@@ -186,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             _serve_address(a)
             if a.metrics_listen:
                 host_port(a.metrics_listen, "--metrics-listen")
+        _check_plugins(a, cfg)  # before the model loads: a bad TIERKV_* value is one line, not a traceback
         if a.check_config:
             return _check(a, cfg)
     except ValueError as e:  # a bad flag or env value (ConfigError is one): one line, no traceback

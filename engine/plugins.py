@@ -4,7 +4,10 @@ Like vLLM's KV connector factory: the engine never imports a plug-in's package; 
 name to a ``"module:attr"`` factory and imports it only when a flag asks for it. Names come from,
 in order: ``register()`` (tests, embedding code), the ``tierkv.plugins`` entry-point group of
 installed packages, then the built-in table below. A name that is itself ``"module:attr"`` is
-used as is. A factory is called with the engine and its arguments and installs itself.
+used as is. A factory is called with the engine and its arguments and installs itself. A factory may
+carry a ``check_config`` attribute: called with the factory's arguments minus the engine, it
+validates what the plug-in would read from the environment and raises ValueError
+(``kvengine ... --check-config``, and before the model loads).
 
 Built-in plug-ins:
   tierkv      ``factory(engine, address)`` -> the tierkv KV connector on a kvstore daemon
@@ -59,3 +62,10 @@ def resolve(name: str) -> Callable[..., object]:
     if not callable(obj):
         raise ConfigError(f"plug-in {name!r} -> {target!r} is not callable")
     return obj
+
+
+def check(name: str, *args: object) -> None:
+    """Validate plug-in ``name``'s configuration without building it (ValueError if it is bad)."""
+    check_config = getattr(resolve(name), "check_config", None)
+    if check_config is not None:
+        check_config(*args)

@@ -30,7 +30,7 @@ class Segment:
 @dataclass(frozen=True)
 class BlendSpec:
     segments: tuple[Segment, ...]
-    ratio: float | None = None  # None: the hook's policy decides (default 0.15)
+    ratio: float | None = None  # None: BlendConfig.ratio via RecomputeRatio decides
     select: str | None = None  # "k" | "v" | "random"; None: the hook's default ("k")
 
     def __post_init__(self) -> None:
