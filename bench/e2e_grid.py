@@ -25,7 +25,7 @@ import statistics
 import uuid
 
 from bench import e2e_figures as fig
-from bench.e2e_support import Bench, run
+from bench.e2e_support import Bench, offload_prefix, run
 from connector.wiring import detach_tierkv
 
 log = logging.getLogger("bench.e2e")
@@ -110,12 +110,7 @@ def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratio
     eng = b.engine((max(lengths) + 64) // 16 + 8)
     full = max(lengths) // 16 * 16
     run(eng, doc[:full], 1, salt)
-    m = eng.radix.match_prefix(doc[:full], record_stats=False, salt=salt)
-    for address in daemons.values():  # offload through the connector's own path
-        conn = b.attach(eng, address, load_mode="always")
-        conn.save(conn.keyspace.keys(doc[:full], salt), m.pages)
-        conn.flush(300)
-        detach_tierkv(eng)
+    offload_prefix(b, eng, daemons.values(), doc[:full], salt)
     real, grid, n_case = [], [], 0
     for n in lengths:
         ids = doc[:n] + q

@@ -15,7 +15,7 @@ import statistics
 import uuid
 
 from bench import e2e_figures as fig
-from bench.e2e_support import Bench, loaded_by_tier, memcpy_bandwidth, run
+from bench.e2e_support import Bench, loaded_by_tier, memcpy_bandwidth, offload_prefix, run
 from connector.wiring import detach_tierkv
 
 log = logging.getLogger("bench.e2e")
@@ -29,18 +29,12 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
     first_cold_ttft, _, cold = run(eng, ids, 8, salt)  # the warm-up of the cold kind, discarded
     want = cold.output_ids
     outputs = {"cold": want}
-    full = len(ids) // 16 * 16
-    m = eng.radix.match_prefix(ids[:full], record_stats=False, salt=salt)
-    for address in daemons.values():  # offload through the connector's own path, then reload
-        conn = b.attach(eng, address, load_mode="auto")
-        conn.save(conn.keyspace.keys(ids[:full], salt), m.pages)
-        conn.flush(300)
-        detach_tierkv(eng)
+    offload_prefix(b, eng, daemons.values(), ids, salt)  # then every tier reloads it
     engines = {tier: b.engine(pages) for tier in daemons}  # one reader per tier, runs interleaved
     conns = {tier: b.attach(engines[tier], address, load_mode="auto") for tier, address in daemons.items()}
     ts: dict[str, list[float]] = {tier: [] for tier in daemons}
     warm_runs: dict[str, list[dict]] = {}
-    decisions, kv_bytes, radix_ttfts, cold_ttfts, cold_same = {}, 0, [], [], True
+    decisions, kv_bytes, radix_ttfts, cold_ttfts, mismatches = {}, 0, [], [], set()
     for i in range(reps + 1):  # round 0 is a discarded warm-up; rounds alternate the tiers
         for tier in daemons:
             eng2, conn = engines[tier], conns[tier]
@@ -48,6 +42,8 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
             conn.known.discard(conn.keyspace.keys(ids, salt))
             t, _, r = run(eng2, ids, 8, salt)
             outputs[tier] = r.output_ids
+            if r.output_ids != want:
+                mismatches.add(tier)
             d = r.kv.decision if r.kv is not None else None
             decisions[tier] = d._asdict() if d else None
             if tier == "cpu":
@@ -59,9 +55,12 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
             eng.radix.reset()
             t, _, r = run(eng, ids, 8, salt)
             cold_ttfts.append(t)
-            cold_same &= r.output_ids == want
+            if r.output_ids != want:
+                mismatches.add("cold")
         t, _, r = run(eng, ids, 8, salt)  # the local radix hit: the suffix compute alone, same round
         outputs["radix"] = r.output_ids
+        if r.output_ids != want:
+            mismatches.add("radix")
         if i:
             radix_ttfts.append(t)
     warm = {tier: fig.repeated_median(ts[tier], reps) for tier in daemons}
@@ -83,7 +82,7 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
         "floor_ratio_cpu": fig.ttft_floor_ratio(warm["cpu"], kv_bytes, bw, suffix),
         "load_s_cpu": statistics.median(cpu_loads),
         "load_over_floor_cpu": fig.load_over_floor(cpu_loads, kv_bytes, bw),
-        "fidelity_identical": cold_same and all(o == want for o in outputs.values()),
+        "fidelity_identical": not mismatches, "fidelity_mismatches": sorted(mismatches),
         "outputs_compared": sorted(outputs),
     }
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from connector.wiring import attach_tierkv
+from connector.wiring import attach_tierkv, detach_tierkv
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.request import Request, Status
@@ -59,6 +59,30 @@ def run(eng: LLMEngine, ids: list[int], max_tokens: int, salt: str | None) -> tu
     while req.status is not Status.FINISHED:
         eng.step()
     return req.first_token_time - t0, time.monotonic() - t0, req  # type: ignore[operator]
+
+
+def offload_prefix(b: Bench, eng: LLMEngine, addresses, ids: list[int], salt: str) -> int:
+    """Save the full pages of ``ids`` that ``eng`` holds to every daemon, through the connector's
+    own path; return the pages saved. The matched pages stay locked until every save is flushed:
+    an unlocked page can be evicted (attaching a connector takes scratch pages) and reused, and
+    its new bytes would then be stored under these keys."""
+    full = len(ids) // eng.pool.page_size * eng.pool.page_size
+    m = eng.radix.match_prefix(ids[:full], record_stats=False, salt=salt)
+    if m.num_tokens != full:
+        raise RuntimeError(f"the engine holds {m.num_tokens} of the {full} tokens to offload")
+    eng.radix.lock(m.node)
+    try:
+        for address in addresses:
+            conn = b.attach(eng, address, load_mode="always", probe=False)
+            try:
+                conn.save(conn.keyspace.keys(ids[:full], salt), m.pages)
+                if not conn.flush(300):
+                    raise RuntimeError(f"offload to {address} did not finish")
+            finally:
+                detach_tierkv(eng)
+    finally:
+        eng.radix.unlock(m.node)
+    return len(m.pages)
 
 
 def loaded_by_tier(conn) -> dict[str, float]:
