@@ -73,7 +73,7 @@ def offload_prefix(b: Bench, eng: LLMEngine, addresses, ids: list[int], salt: st
     eng.radix.lock(m.node)
     try:
         for address in addresses:
-            conn = b.attach(eng, address, load_mode="always", probe=False)
+            conn = b.attach(eng, address, load_mode="always")
             try:
                 conn.save(conn.keyspace.keys(ids[:full], salt), m.pages)
                 if not conn.flush(300):
