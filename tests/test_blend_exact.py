@@ -197,4 +197,8 @@ def test_hook_failure_falls_back_to_full_prefill(tiny4, monkeypatch):
         eng.step()
     assert req.output_ids == plain and req.cache_limit is None
     assert hook.metrics.fallback_requests == 1 and hook.metrics.blended_requests == 0
-    assert eng.radix.match_prefix(ids).num_tokens > 0 and eng.pool.allocator.num_free() <= free
+    assert eng.radix.match_prefix(ids).num_tokens > 0
+    # nothing leaked by the failed blend: every page is free again or owned (unlocked) by the radix tree
+    assert eng.pool.allocator.num_free() + eng.radix.total_pages() == free
+    assert eng.radix.evictable_pages() == eng.radix.total_pages()
+    eng.radix.check_integrity()

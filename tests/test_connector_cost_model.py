@@ -19,8 +19,10 @@ def test_prefill_fit_recovers_coefficients() -> None:
     fit = PrefillModel.fit(samples)
     for n, c in [(1000, 0), (100, 2000), (2000, 100)]:
         assert fit.predict(n, c) == pytest.approx(true.predict(n, c), rel=1e-6)
-    clamped = PrefillModel.fit([(10, 0, 0.5), (20, 0, 0.4), (30, 0, 0.3)])  # no negative coefficients
-    assert min(clamped) >= 0
+    # time falling with tokens: the negative slopes are dropped and refitted, leaving the mean
+    # (a clamp alone, max(coef, 0) after one unconstrained fit, would keep a = 0.6 with b = 0)
+    clamped = PrefillModel.fit([(10, 0, 0.5), (20, 0, 0.4), (30, 0, 0.3)])
+    assert clamped == (pytest.approx(0.4), 0.0, 0.0)
 
 
 def _model(cpu_bw: float = 2e9, s3_bw: float = 1e8) -> CostModel:
@@ -38,8 +40,17 @@ def test_decisions_fast_slow_and_mixed() -> None:
     assert (slow.outcome, slow.pages, slow.tier) == ("recompute", 0, "cpu")
     mixed = _model(s3_bw=0.5 * MB).decide(0, 2048, ["cpu"] * 60 + ["s3"] * 67)
     assert (mixed.outcome, mixed.pages) == ("load_partial", 60)
-    tiny_prompt = _model().decide(2032, 2050, ["cpu"])  # one page: latency + bytes vs 16 tokens
-    assert tiny_prompt.pages in (0, 1)
+    # one page after 2032 cached tokens: latency + bytes against 16 tokens of prefill, both sides of it
+    pm, page = PrefillModel(0.01, 4e-3, 1e-7), 16 * 46_080
+    recompute = pm.predict(18, 2032)
+    one_page = _model().decide(2032, 2050, ["cpu"])  # 1.4 ms + 2 tokens << 18 tokens
+    assert (one_page.outcome, one_page.pages) == ("load_all", 1)
+    assert one_page.predicted_total_s == pytest.approx(0.001 + page / 2e9 + pm.predict(2, 2048))
+    assert one_page.predicted_recompute_s == pytest.approx(recompute)
+    slow_page = _model(cpu_bw=1e7).decide(2032, 2050, ["cpu"])  # 74 ms + 2 tokens > 18 tokens
+    assert 0.001 + page / 1e7 + pm.predict(2, 2048) > recompute
+    assert (slow_page.outcome, slow_page.pages, slow_page.predicted_total_s) == ("recompute", 0,
+                                                                                 pytest.approx(recompute))
     assert CostModel(PrefillModel(1, 1, 0), 1000, 16, load_mode="never").decide(0, 100, ["cpu"] * 6).pages == 0
     assert CostModel(PrefillModel(0, 0, 0), 1000, 16, load_mode="always").decide(0, 100, ["cpu"] * 6).pages == 6
 

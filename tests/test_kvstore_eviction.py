@@ -79,7 +79,23 @@ def test_arc_keeps_frequent() -> None:
         p.on_insert(_k(i), 1)
     p.on_access(_k(0))  # 0 is now frequent (T2)
     assert p.victim() != _k(0)
-    assert isinstance(S3FIFOPolicy(10), S3FIFOPolicy)
+
+
+def test_s3fifo_ghost_hit_goes_to_main() -> None:
+    """A key evicted from the small queue and inserted again while in the ghost queue skips
+    probation: the newer small-queue keys are evicted before it."""
+    p = S3FIFOPolicy(100, small_ratio=0.1)
+    p.on_insert(_k(0), 10)
+    p.on_insert(_k(1), 10)
+    assert p.victim() == _k(0)  # one-hit wonder, oldest in small: evicted, remembered as a ghost
+    p.on_remove(_k(0))
+    p.on_insert(_k(0), 10)  # back while a ghost: straight to main
+    p.on_insert(_k(2), 10)
+    order = []
+    while (v := p.victim()) is not None:
+        order.append(v)
+        p.on_remove(v)
+    assert order == [_k(1), _k(2), _k(0)]
 
 
 def test_unknown_policy() -> None:
