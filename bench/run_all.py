@@ -44,6 +44,8 @@ BENCHES: dict[str, list[Figure]] = {
     "e2e": [Figure("cold_ttft_reps", 3), Figure("load_over_floor_cpu", 2.0, "<="),
             Figure("cost_model.accuracy", 0.9), Figure("cost_model.regret", 0.05, "<="),
             Figure("cost_model.grid_cases", 12), Figure("fidelity_identical", True, "==")],
+    "kernels": [Figure("ops.unpack_verify.native_over_memcpy", 0.7), Figure("ops.unpack_verify.native_over_fallback", 1.0),
+                Figure("ops.pack_checksum.native_over_memcpy", 0.7), Figure("ops.pack_checksum.native_over_fallback", 1.0)],
     "blend": [Figure("default_ratio", None), Figure("blend_beats_reuse0", True, "=="),
               Figure("blend_beats_random", True, "=="), Figure("ttft_reps", 3), Figure("r100_identical", True, "==")],
 }
