@@ -198,12 +198,15 @@ class ClientAuth:
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, token_file: str = "", tls_ca: str = "",
-                 tls_cert: str = "", tls_key: str = "") -> ClientAuth:  # fmt: skip
+                 tls_cert: str = "", tls_key: str = "", with_token: bool = True) -> ClientAuth:  # fmt: skip
         """The token from ``token_file`` if given, else TIERKV_TOKEN, else the file
         TIERKV_TOKEN_FILE, else the default token file if it exists (else none); TLS files from
-        the arguments, else TIERKV_TLS_CA / TIERKV_CLIENT_CERT / TIERKV_CLIENT_KEY."""
+        the arguments, else TIERKV_TLS_CA / TIERKV_CLIENT_CERT / TIERKV_CLIENT_KEY.
+        ``with_token=False``: TLS only (for the health service, which needs no token)."""
         env = os.environ if env is None else env
-        if token_file:
+        if not with_token:
+            token = ""
+        elif token_file:
             token = read_token_file(token_file)
         elif env.get("TIERKV_TOKEN"):
             token = check_token(env["TIERKV_TOKEN"], "TIERKV_TOKEN")

@@ -25,8 +25,10 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _client_auth(args: argparse.Namespace) -> ClientAuth:
-    return ClientAuth.from_env(token_file=args.token_file or "", tls_ca=args.tls_ca or "",
-                               tls_cert=args.tls_cert or "", tls_key=args.tls_key or "")  # fmt: skip
+    """Health sends no token (the daemon exempts it: it works before the token file exists)."""
+    return ClientAuth.from_env(token_file=getattr(args, "token_file", None) or "", tls_ca=args.tls_ca or "",
+                               tls_cert=args.tls_cert or "", tls_key=args.tls_key or "",
+                               with_token=args.cmd != "health")  # fmt: skip
 
 
 def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
@@ -51,7 +53,6 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None)
 
 
 def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
-    """Health needs no token (the daemon exempts it), but TLS settings still apply."""
     from kvstore.client import KVStoreClient
 
     with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
@@ -81,9 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     health_p = sub.add_parser("health", help="exit 0 if the daemon is serving (gRPC health check)")
     health_p.add_argument("--address", default="127.0.0.1:50551")
     health_p.add_argument("--deadline", type=float, default=3.0)
+    stats_p.add_argument("--token-file", help="bearer token file (default: TIERKV_TOKEN, TIERKV_TOKEN_FILE, "
+                         "then the daemon's default token file on this machine)")
     for p in (stats_p, health_p):
-        p.add_argument("--token-file", help="bearer token file (default: TIERKV_TOKEN, TIERKV_TOKEN_FILE, "
-                       "then the daemon's default token file on this machine)")
         p.add_argument("--tls-ca", help="PEM CA of the daemon's certificate (TLS)")
         p.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
         p.add_argument("--tls-key", help="PEM key of --tls-cert")

@@ -104,6 +104,11 @@ def test_health_open_without_token(daemon: Daemon) -> None:
     assert r.status == health_pb2.HealthCheckResponse.SERVING
     with _client(daemon, "") as anon:
         assert anon.health()
+    os.environ["TIERKV_TOKEN_FILE"] = "/nonexistent/token"  # e.g. compose: checked before the file exists
+    try:
+        assert cli_main(["health", "--address", daemon.address, "--deadline", "10"]) == 0
+    finally:
+        del os.environ["TIERKV_TOKEN_FILE"]
     assert _refused(daemon, "missing") == 0
 
 
