@@ -9,6 +9,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from kvstore import auth
+from kvstore.auth import ClientAuth
 from kvstore.config import StoreConfig, build_arg_parser, load_config
 from kvstore.errors import KVStoreError
 from tiers.errors import TierKVError
@@ -22,10 +24,17 @@ def _fmt_bytes(n: int) -> str:
     return str(n)
 
 
-def print_stats(address: str, deadline_s: float) -> int:
+def _client_auth(args: argparse.Namespace) -> ClientAuth:
+    """Health sends no token (the daemon exempts it: it works before the token file exists)."""
+    return ClientAuth.from_env(token_file=getattr(args, "token_file", None) or "", tls_ca=args.tls_ca or "",
+                               tls_cert=args.tls_cert or "", tls_key=args.tls_key or "",
+                               with_token=args.cmd != "health")  # fmt: skip
+
+
+def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
     from kvstore.client import KVStoreClient
 
-    with KVStoreClient(address, deadline_s=deadline_s, use_shm=False) as c:
+    with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
         st = c.stats()
     cols = ("tier", "used", "capacity", "blocks", "hits", "misses", "evict", "spills", "promo", "dropped", "errors", "up")
     rows = [
@@ -43,10 +52,10 @@ def print_stats(address: str, deadline_s: float) -> int:
     return 0
 
 
-def check_health(address: str, deadline_s: float) -> int:
+def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
     from kvstore.client import KVStoreClient
 
-    with KVStoreClient(address, deadline_s=deadline_s, use_shm=False) as c:
+    with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
         ok = c.health()
     print("SERVING" if ok else "NOT SERVING")
     return 0 if ok else 1
@@ -56,6 +65,7 @@ def describe(cfg: StoreConfig) -> str:
     """One line per tier (secrets masked by TierConfig's repr) for --check-config."""
     lines = [f"listen {cfg.listen}" + (f", metrics {cfg.metrics_listen}" if cfg.metrics_listen else "")]
     lines += [f"  {t!r}" for t in cfg.tiers]
+    lines += auth.describe(cfg)
     return "\n".join(lines)
 
 
@@ -72,13 +82,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     health_p = sub.add_parser("health", help="exit 0 if the daemon is serving (gRPC health check)")
     health_p.add_argument("--address", default="127.0.0.1:50551")
     health_p.add_argument("--deadline", type=float, default=3.0)
+    stats_p.add_argument("--token-file", help="bearer token file (default: TIERKV_TOKEN, TIERKV_TOKEN_FILE, "
+                         "then the daemon's default token file on this machine)")
+    for p in (stats_p, health_p):
+        p.add_argument("--tls-ca", help="PEM CA of the daemon's certificate (TLS)")
+        p.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
+        p.add_argument("--tls-key", help="PEM key of --tls-cert")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)  # every flag checked: a misspelt one is an error, not ignored
     try:
         if args.cmd == "stats":
-            return print_stats(args.address, args.deadline)
+            return print_stats(args.address, args.deadline, _client_auth(args))
         if args.cmd == "health":
-            return check_health(args.address, args.deadline)
+            return check_health(args.address, args.deadline, _client_auth(args))
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         rest = argv[argv.index("serve") + 1 :]
         if "--log-level" in rest:

@@ -6,7 +6,8 @@ offers one; kvstore/stream_client.py), else stream over gRPC.
 Errors are typed at this boundary, before any retry decision (as redis-py does): gRPC's
 UNAVAILABLE becomes KVStoreUnavailable and DEADLINE_EXCEEDED KVStoreTimeout (both retried, so a
 call gives up within roughly ``retry.attempts x deadline_s``, never hangs); a refused request
-raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's message; a lost
+raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's message, a missing or
+wrong token AuthError (not retried; credentials: kvstore/auth.py ClientAuth); a lost
 shared-memory session (ShmSessionLost) is re-attached and retried here.
 """
 
@@ -21,6 +22,7 @@ import grpc
 import numpy as np
 
 from kvstore import transfer
+from kvstore.auth import AuthError, ClientAuth
 from kvstore.block import Block, decode_block
 from kvstore.errors import (
     ChecksumError,
@@ -46,6 +48,8 @@ RETRY_ON = (KVStoreUnavailable, KVStoreTimeout)  # transport failures; every cal
 def translate(e: grpc.RpcError) -> KVStoreError:
     """The typed error for a gRPC status (the one place that looks at status codes)."""
     code, msg = e.code(), e.details() or ""
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthError(f"daemon refused the call: {msg}")
     if code == grpc.StatusCode.UNAVAILABLE:
         return KVStoreUnavailable(f"daemon unavailable: {msg}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -82,17 +86,18 @@ class KVStoreClient:
         batch_keys: int = 512,
         use_stream: bool | None = None,
         max_block_bytes: int = 1024**3,
+        auth: ClientAuth | None = None,
     ) -> None:
+        """``auth`` None: token and TLS files from the environment or the default token file
+        (``ClientAuth.from_env``), so a daemon started on this machine is found with no flag."""
         self.address, self.deadline_s = address, deadline_s
         self.retry = retry or Retry()
         self.chunk_bytes, self.batch_bytes, self.batch_keys = chunk_bytes, batch_bytes, batch_keys
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-            ],
-        )
+        self.auth = auth if auth is not None else ClientAuth.from_env()
+        self._channel = self.auth.channel(address, [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ])  # fmt: skip
         self._stub = pb_grpc.KVStoreStub(self._channel)
         self._shm_required = use_shm is True
         self._shm = ShmPool(shm_bytes, self._attach, self._detach)

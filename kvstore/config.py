@@ -129,6 +129,12 @@ class StoreConfig:
     stream: bool = True  # serve Gets without shared memory on a raw TCP side channel (kvstore/stream_server.py)
     stream_port: int = 0  # the side channel's port (0 = any free one; fix it to publish it from a container)
     stream_max_conns: int = 16  # side-channel connections (and unused tokens) at once; past it: gRPC streaming
+    auth: bool = True  # require a bearer token on every gRPC call but health (kvstore/auth.py)
+    token: str = field(default="", repr=False)  # TIERKV_TOKEN; "" = token_file
+    token_file: str = ""  # "" = <runtime dir>/token, created 0600 when missing
+    tls_cert: str = ""  # PEM files: serve gRPC over TLS ...
+    tls_key: str = ""
+    tls_client_ca: str = ""  # ... and require client certificates signed by this CA (mutual TLS)
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -151,6 +157,9 @@ class StoreConfig:
             raise ConfigError("chunk_bytes must leave room under max_message_bytes")
         if self.max_block_bytes > self.max_batch_bytes or self.workers < 1 or self.spill_queue_bytes <= 0:
             raise ConfigError("invalid limits (max_block_bytes <= max_batch_bytes, workers >= 1)")
+        from kvstore import auth  # local: keep config import-light
+
+        auth.validate(self)
 
 
 def _tier_from_flag(kind: str, value: str, env: Mapping[str, str]) -> TierConfig:
@@ -223,6 +232,14 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
     p.add_argument("--no-shm", action="store_true", default=None, help="disable the shared-memory path")
     p.add_argument("--no-stream", action="store_true", default=None, help="disable the raw TCP Get channel")
     p.add_argument("--stream-port", type=int, help="port of the raw TCP Get channel (default: any free one)")
+    p.add_argument("--token-file", help="file holding the bearer token clients must send (default: "
+                   "$TIERKV_CACHE_DIR or $XDG_RUNTIME_DIR/tierkv, /token, created 0600); or env TIERKV_TOKEN")
+    p.add_argument("--no-auth", action="store_true", default=None,
+                   help="accept calls without a token: UNSAFE beyond loopback (anyone reaching the port reads "
+                   "and writes the cache)")
+    p.add_argument("--tls-cert", help="PEM certificate: serve gRPC over TLS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", help="PEM CA: require client certificates it signed (mutual TLS)")
     return p
 
 
@@ -292,4 +309,9 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         scalars["stream_port"] = args.stream_port
     if args.no_stream:
         scalars["stream"] = False
+    for name in ("token_file", "tls_cert", "tls_key", "tls_client_ca"):
+        if (val := getattr(args, name)) is not None:
+            scalars[name] = val
+    if args.no_auth:
+        scalars["auth"] = False
     return StoreConfig(tiers=tuple(tiers.values()), **scalars)

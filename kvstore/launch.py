@@ -1,7 +1,8 @@
 """Start and stop a `kvstore serve` subprocess on a free loopback port (demo, benchmarks, tests).
 
 The daemon prints ``kvstore listening on HOST:PORT`` once it serves; we read that line rather than
-guess a port, so several daemons can start at once without racing for one.
+guess a port, so several daemons can start at once without racing for one. Each uses the token
+file a client of this process finds by default (kvstore/auth.py), so callers pass no token.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kvstore.auth import default_token_file
+
 READY = "kvstore listening on "
 
 
@@ -25,6 +28,9 @@ def spawn_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None 
     stderr goes to ``log_path`` (appended) or is discarded. Raises RuntimeError if it does not come up."""
     argv = [sys.executable, "-m", "kvstore", "serve", "--listen", listen, *flags]
     full_env = dict(os.environ, TIERKV_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1", **(env or {}))
+    if not {"TIERKV_TOKEN", "TIERKV_TOKEN_FILE"} & set(full_env) and "--token-file" not in flags:
+        # the token where a client of *this* process looks by default (not under cache_dir)
+        full_env["TIERKV_TOKEN_FILE"] = str(default_token_file())
     err = open(log_path, "a") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)

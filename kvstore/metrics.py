@@ -76,6 +76,10 @@ class StoreMetrics:
             "tierkv_tier_corrupt_blocks", "Blocks read from a tier below the top that failed verification "
             "(reason: checksum, format, key) and were deleted from it", ["tier", "reason"], registry=self.registry,
         )  # fmt: skip
+        self._refused = Counter(
+            "tierkv_auth_refused", "gRPC calls refused UNAUTHENTICATED, never served (reason: missing, wrong "
+            "token)", ["reason"], registry=self.registry,
+        )  # fmt: skip
         self._http: Any = None
 
     def read(self, tier: str, nbytes: int, seconds: float) -> None:
@@ -86,6 +90,9 @@ class StoreMetrics:
 
     def corrupt(self, tier: str, reason: str) -> None:
         self._corrupt.labels(tier, reason).inc()
+
+    def auth_refused(self, reason: str) -> None:
+        self._refused.labels(reason).inc()
 
     def bind(self, store: TieredStore) -> None:
         """Expose the store's usage and counters (call once, after the store is built)."""

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvstore import auth
 from kvstore.config import StoreConfig
 from kvstore.metrics import StoreMetrics
 from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
@@ -47,15 +48,28 @@ class Daemon:
         self.store = build_store(cfg, observer=self.metrics)
         self.metrics.bind(self.store)
         self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
+        try:
+            token, creds = auth.server_token(cfg), auth.server_credentials(cfg)
+        except BaseException:
+            self.store.close(flush=False)
+            raise
+        # under TLS the raw channel (plaintext) would expose what TLS protects: Gets stream over gRPC
         self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
-                                     max_conns=cfg.stream_max_conns,
-                                     max_request_bytes=cfg.max_message_bytes) if cfg.stream else None)  # fmt: skip
+                                     max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes)
+                        if cfg.stream and creds is None else None)  # fmt: skip
         self.health = health.HealthServicer()
-        self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg))
+        checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
+                                  interceptors=checks)
         servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(cfg.listen)
+        if token is None and not cfg.listen.startswith(("127.", "localhost:", "[::1]:")):
+            log.warning("--no-auth on %s: any caller that reaches this port reads and writes the cache", cfg.listen)
+        if creds is None:
+            self.port = self.server.add_insecure_port(cfg.listen)
+        else:
+            self.port = self.server.add_secure_port(cfg.listen, creds)
         if self.port == 0:
             if self.streams is not None:
                 self.streams.close()

@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
+from kvstore.auth import ClientAuth
 from kvstore.block import encode_block
 from kvstore.client import KVStoreClient
 from kvstore.errors import ChecksumError, InvalidRequest, ResourceExhausted
@@ -90,7 +91,7 @@ def test_oversize_block(client: KVStoreClient) -> None:
 
 
 def _raw(daemon: Daemon) -> tuple[grpc.Channel, pb_grpc.KVStoreStub]:
-    ch = grpc.insecure_channel(daemon.address, options=[("grpc.max_send_message_length", 64 << 20)])
+    ch = ClientAuth.from_env().channel(daemon.address, [("grpc.max_send_message_length", 64 << 20)])
     return ch, pb_grpc.KVStoreStub(ch)
 
 
