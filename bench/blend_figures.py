@@ -31,6 +31,8 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
+from connector.blend.agreement import lcs_f1, lcs_len  # noqa: F401 - the bench's continuation figure
+
 # The quality bar for a default ratio. Agreement: a RAG user sees the same facts as with full
 # prefill in at least 9 answers out of 10. F1: the rest of the 32-token continuation keeps 80%
 # of full prefill's tokens in order, so the text around the facts does not drift either.
@@ -50,26 +52,6 @@ def trim_at_eos(tokens: Sequence[int], eos: Iterable[int]) -> list[int]:
         if t in stop:
             break
     return out
-
-
-def lcs_len(a: Sequence[int], b: Sequence[int]) -> int:
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b):
-            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
-        prev = cur
-    return prev[-1]
-
-
-def lcs_f1(reference: Sequence[int], hypothesis: Sequence[int]) -> float:
-    if not reference and not hypothesis:
-        return 1.0
-    n = lcs_len(reference, hypothesis)
-    if n == 0:
-        return 0.0
-    p, r = n / len(hypothesis), n / len(reference)
-    return 2 * p * r / (p + r)
 
 
 _ORDINAL = re.compile(r"(?<=\d)(st|nd|rd|th)$")

@@ -31,9 +31,9 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 
+from connector.blend.agreement import lcs_f1
 from connector.blend.metrics import BlendMetrics
 from connector.blend.state import BlendState
 from engine.errors import EngineError
@@ -43,22 +43,6 @@ from engine.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 SHADOW_SALT = "\x00tierkv-gate"  # appended to a tenant's salt: the blended shadows' own radix tree
-
-
-def lcs_f1(a: Sequence[int], b: Sequence[int]) -> float:
-    """F1 of the longest common subsequence of two token lists (1.0 when both are empty)."""
-    if not a and not b:
-        return 1.0
-    if not a or not b:
-        return 0.0
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b):
-            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
-        prev = cur
-    lcs = prev[-1]
-    return 2 * lcs / (len(a) + len(b))
 
 
 class QualityGate:
