@@ -70,18 +70,23 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
     suffix = fig.repeated_median(radix_ttfts, reps)
     cold_ttft = fig.repeated_median(cold_ttfts, reps)
     cpu_loads = [w["load_s"] for w in warm_runs["cpu"] if w["load_s"]]
-    floor = fig.memcpy_floor_s(kv_bytes, bw) + suffix
+    loaded = kv_bytes > 0 and bool(cpu_loads)  # the cost model may choose recompute (a tiny model, a short prompt)
+    if not loaded:
+        log.warning("headline: the cpu tier's warm runs loaded nothing (decision %s): no floor figures",
+                    decisions.get("cpu"))
+    floor = fig.memcpy_floor_s(kv_bytes, bw) + suffix if loaded else None
     log.info("headline: cold %.2fs (median of %d), radix %.3fs, warm %s", cold_ttft, len(cold_ttfts), suffix, warm)
     return {
         "prompt_tokens": len(ids), "cold_ttft_s": cold_ttft, "cold_ttft_reps": len(cold_ttfts),
         "cold_runs": cold_ttfts, "cold_warmup_ttft_s": first_cold_ttft,
         "radix_ttft_s": suffix, "warm_ttft_s": warm,
         "warm_runs": warm_runs, "radix_runs": radix_ttfts, "decisions": decisions, "kv_bytes_loaded": kv_bytes,
-        "memcpy_bytes_per_s": bw, "memcpy_floor_s": fig.memcpy_floor_s(kv_bytes, bw), "floor_s": floor,
+        "memcpy_bytes_per_s": bw, "memcpy_floor_s": fig.memcpy_floor_s(kv_bytes, bw) if loaded else None,
+        "floor_s": floor,
         "speedup_cpu": fig.speedup(cold_ttft, warm["cpu"]),
-        "floor_ratio_cpu": fig.ttft_floor_ratio(warm["cpu"], kv_bytes, bw, suffix),
-        "load_s_cpu": statistics.median(cpu_loads),
-        "load_over_floor_cpu": fig.load_over_floor(cpu_loads, kv_bytes, bw),
+        "floor_ratio_cpu": fig.ttft_floor_ratio(warm["cpu"], kv_bytes, bw, suffix) if loaded else None,
+        "load_s_cpu": statistics.median(cpu_loads) if cpu_loads else None,
+        "load_over_floor_cpu": fig.load_over_floor(cpu_loads, kv_bytes, bw) if loaded else None,
         "fidelity_identical": not mismatches, "fidelity_mismatches": sorted(mismatches),
         "outputs_compared": sorted(outputs),
     }
