@@ -7,6 +7,7 @@ scheduler, server and connector run in milliseconds per step through the same lo
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,19 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny(tiny_model_dir) -> LoadedModel:
     return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny4_loaded(tmp_path_factory) -> LoadedModel:
+    """A 4-layer tiny Llama (seed 3): layers >= 2 exist, so CacheBlend's selective recompute really
+    happens (with 2 layers it would recompute everything). Shared by the blend tests."""
+    return load_model(str(make_tiny_llama(tmp_path_factory.mktemp("tiny4"), layers=4, seed=3)))
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the test (exactness tests compare kernels run at one width)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -12,9 +12,7 @@ from connector.wiring import attach_cacheblend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.model import LlamaModel
-from engine.model_loader import load_model
 from engine.sampling import SamplingParams
-from tests.fixtures_model import make_tiny_llama
 
 DOCS = ["The lighthouse of Orvik was built in 1852 by the engineer Talia Novak, who also designed its lens. ",
         "Orvik's harbour freezes every February, and the ferries then stop running for three weeks. ",
@@ -23,9 +21,8 @@ QUESTION = "Question: Who built the lighthouse of Orvik, and where did she move 
 
 
 @pytest.fixture(scope="module")
-def tiny4(tmp_path_factory):
-    """A 4-layer tiny Llama: layers >= 2 exist, so selective recompute really happens."""
-    loaded = load_model(str(make_tiny_llama(tmp_path_factory.mktemp("tiny4"), layers=4, seed=3)))
+def tiny4(tiny4_loaded):
+    loaded = tiny4_loaded
     return loaded, LlamaModel(loaded.arch, loaded.weights, torch.device("cpu"), torch.float32)
 
 
@@ -34,13 +31,9 @@ def _spec(tok, docs=DOCS, question=QUESTION):
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Many small ops per decode step: with 2 threads on a busy 2-core box every op waits for the
-    descheduled thread, so this test runs single-threaded (and restores the setting)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Single-threaded: many small ops per step; a second thread on a busy 2-core box only waits."""
     yield
-    torch.set_num_threads(n)
 
 
 def test_r100_matches_full_prefill_smollm(smollm):

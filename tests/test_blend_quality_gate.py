@@ -5,7 +5,6 @@ blend comes from a chunk store that hands back shifted KV, as a broken store or 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from connector.blend import BlendConfig, InProcessChunkStore, build_blend_request
 from connector.blend.metrics import BlendCollector
@@ -14,9 +13,7 @@ from connector.wiring import attach_cacheblend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import ConfigError
-from engine.model_loader import load_model
 from engine.sampling import SamplingParams
-from tests.fixtures_model import make_tiny_llama
 
 SYSTEM = "You answer questions from the documents you are given.\n"
 DOCS = ["The lighthouse of Orvik was built in 1852 by the engineer Talia Novak, who also designed its lens. ",
@@ -47,16 +44,14 @@ class ShiftingStore:
 
 
 @pytest.fixture(scope="module")
-def tiny4(tmp_path_factory):
-    return load_model(str(make_tiny_llama(tmp_path_factory.mktemp("tiny4-gate"), layers=4, seed=3)))
+def tiny4(tiny4_loaded):
+    return tiny4_loaded
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Single-threaded: many small ops per step; a second thread on a busy 2-core box only waits."""
     yield
-    torch.set_num_threads(n)
 
 
 def _engine(loaded) -> LLMEngine:

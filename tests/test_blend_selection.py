@@ -9,8 +9,6 @@ import torch
 from connector.blend import Blender, InvalidBlendRequestError, build_blend_request
 from connector.blend.selection import Selection, attention_deviation, chunk_sinks, kv_deviation, pick
 from engine.model import LlamaModel
-from engine.model_loader import load_model
-from tests.fixtures_model import make_tiny_llama
 
 DOCS = ["The lighthouse of Orvik was built in 1852 by the engineer Talia Novak, who also designed its lens. ",
         "Orvik's harbour freezes every February, and the ferries then stop running for three weeks. ",
@@ -19,8 +17,8 @@ QUESTION = "Question: Who built the lighthouse of Orvik, and where did she move 
 
 
 @pytest.fixture(scope="module")
-def tiny4(tmp_path_factory):
-    loaded = load_model(str(make_tiny_llama(tmp_path_factory.mktemp("tiny4sel"), layers=4, seed=3)))
+def tiny4(tiny4_loaded):
+    loaded = tiny4_loaded
     return loaded, LlamaModel(loaded.arch, loaded.weights, torch.device("cpu"), torch.float32)
 
 

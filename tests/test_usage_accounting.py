@@ -54,11 +54,9 @@ def tiny4(tiny4_dir):
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Single-threaded: many small ops per step; a second thread on a busy 2-core box only waits."""
     yield
-    torch.set_num_threads(n)
 
 
 def _engine(loaded) -> tuple[LLMEngine, object]:
