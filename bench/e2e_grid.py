@@ -11,7 +11,9 @@ grid        for each length and each f in RATIOS, a tier speed at which the cost
             read) to the speed wanted. The model is told that speed: its probe of the real tier
             composed with the throttle it was given (1/speed = 1/probed + 1/throttle), never a
             warm-up load at it. Each case is a fresh connector; both options are measured, the
-            order alternating case by case (other processes share the machine).
+            order alternating case by case (other processes share the machine). The prefill
+            model, with the online correction it learns from the engine's timed steps, carries
+            from case to case as it would in a running engine; the tiers' models do not.
 
 Figures (bench.e2e_figures): ``accuracy`` over cases whose measured options differ by >= 10%,
 ``regret`` = Σ(chosen − best) / Σ best over all cases, and the median relative prediction error
@@ -26,7 +28,6 @@ import uuid
 
 from bench import e2e_figures as fig
 from bench.e2e_support import Bench, offload_prefix, run
-from connector.wiring import detach_tierkv
 
 log = logging.getLogger("bench.e2e")
 
@@ -84,7 +85,7 @@ def _case(b: Bench, eng, address: str, ids: list[int], salt: str, load_first: bo
         }
     finally:
         conn.loader.throttle_bps = 0.0
-        detach_tierkv(eng)
+        b.detach(eng)
 
 
 def _figures(cases: list[dict]) -> dict:
@@ -155,7 +156,9 @@ def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratio
         "cases": real,
     }
     out["cases"] = grid
-    out["prefill_model"] = list(b.prefill) if b.prefill else None
+    out["prefill_model"] = list(b.prefill[:3]) if b.prefill else None  # the start-up fit (a, b, c)
+    out["prefill_scale"] = b.prefill.scale if b.prefill else None  # its online correction at the end
+    out["prefill_steps_observed"] = b.prefill.observed if b.prefill else None
     out["median_measured_over_predicted_recompute"] = statistics.median(
         c["measured_recompute_ttft_s"] / c["predicted_recompute_s"] for c in grid)
     return out

@@ -47,6 +47,13 @@ class Bench:
         self.prefill = conn.cost.prefill  # calibrate once per process
         return conn
 
+    def detach(self, eng: LLMEngine) -> None:
+        """Detach the engine's connector, keeping its prefill model: the online correction it
+        learned from the engine's steps belongs to the engine, as in a long-running server."""
+        if eng.connector is not None:
+            self.prefill = eng.connector.cost.prefill
+        detach_tierkv(eng)
+
     def text(self, n: int) -> list[int]:
         return [int(x) for x in self.rng.integers(200, 40000, n)]
 

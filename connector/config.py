@@ -27,6 +27,7 @@ class ConnectorConfig:
     ewma_alpha: float = 0.3  # weight of a new load measurement in a tier's bandwidth
     calibrate: bool = True  # time a few prefills at start-up (else use prefill_coeffs)
     prefill_coeffs: tuple[float, float, float] = (0.0, 0.0, 0.0)  # a, b, c when not calibrating
+    prefill_learn: bool = True  # correct the prefill model online from the engine's timed steps
     probe: bool = True  # measure the daemon's latency/bandwidth at start-up
     use_shm: bool | None = None  # None = shared memory if the daemon allows it
 

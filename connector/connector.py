@@ -211,6 +211,11 @@ class KVConnector:
             return
         self.offloader.submit(StagedPages(self.pool, [k for k, _ in todo], [p for _, p in todo]))
 
+    def on_step(self, seqs: list[tuple[int, int]], seconds: float) -> None:
+        """The engine's timed step: prefill steps keep the prefill model's correction current."""
+        if self.cfg.prefill_learn and self.cost.observe_step(seqs, seconds):
+            self.metrics.prefill_scale.set(self.cost.prefill.scale)
+
     def on_evict(self, nodes: list[EvictedNode]) -> None:
         if not self.cfg.offload_on_evict:
             return

@@ -11,6 +11,12 @@ length they attend to (tokens already cached + new/2), fitted by least squares o
 prefills. Nothing is hard-coded per machine: on a GPU prefill is cheap and S3 loses, on a CPU
 the opposite.
 
+The start-up fit is taken on an idle engine with the best of two runs; the engine's real steps
+cost more (other requests in the batch, sampling, other processes on the machine). So the model
+is kept honest online: every engine step that feeds at least ``MIN_OBSERVED_TOKENS`` tokens is
+timed (``observe_step``), and an EWMA of log(measured / fitted) becomes a multiplicative
+correction of every prefill prediction (``PrefillModel.scale``; each sample clamped to [1/4, 4]).
+
 ``decide`` evaluates every k from 0 (recompute) to all available pages and keeps the fastest:
 T(k) = load(k) + prefill(rest | context m + k pages).
 """
@@ -18,6 +24,7 @@ T(k) = load(k) + prefill(rest | context m + k pages).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,17 +42,47 @@ DEFAULT_TIERS = {
     "s3": (0.02, 1.5e8),
 }
 _FALLBACK = (0.02, 1e8)
+#: steps feeding fewer tokens are decode steps: a different regime, not observed
+MIN_OBSERVED_TOKENS = 16
+_SCALE_LIMITS = (0.25, 4.0)
 
 
 class PrefillModel(NamedTuple):
     a: float  # s per forward pass
     b: float  # s per token
     c: float  # s per token x attended token
+    scale: float = 1.0  # online correction: what real steps took / what the fit says
+    observed: int = 0  # engine steps folded into ``scale``
 
-    def predict(self, new: int, ctx: int = 0) -> float:
+    def fitted(self, new: int, ctx: int = 0) -> float:
+        """The start-up fit alone (no online correction)."""
         if new <= 0:
             return 0.0
         return self.a + self.b * new + self.c * new * (ctx + new / 2)
+
+    def predict(self, new: int, ctx: int = 0) -> float:
+        return self.fitted(new, ctx) * self.scale
+
+    def fitted_step(self, seqs: Sequence[tuple[int, int]]) -> float:
+        """The fit for one forward pass over ``seqs`` = (tokens fed, tokens already cached)."""
+        fed = [(n, ctx) for n, ctx in seqs if n > 0]
+        if not fed:
+            return 0.0
+        return self.a + sum(self.b * n + self.c * n * (ctx + n / 2) for n, ctx in fed)
+
+    def observe(self, seqs: Sequence[tuple[int, int]], seconds: float, alpha: float) -> PrefillModel | None:
+        """This model with one timed step folded into ``scale`` (a running mean of log(measured /
+        fitted) over the first 1/alpha steps, an EWMA after); None if the step is not a prefill."""
+        if seconds <= 0 or sum(n for n, _ in seqs) < MIN_OBSERVED_TOKENS:
+            return None
+        fitted = self.fitted_step(seqs)
+        if fitted <= 0:
+            return None
+        lo, hi = _SCALE_LIMITS
+        sample = math.log(min(max(seconds / fitted, lo), hi))
+        w = max(alpha, 1.0 / (self.observed + 1))
+        log_scale = math.log(self.scale)
+        return self._replace(scale=math.exp(log_scale + w * (sample - log_scale)), observed=self.observed + 1)
 
     @staticmethod
     def fit(samples: Sequence[tuple[int, int, float]]) -> PrefillModel:
@@ -98,6 +135,17 @@ class CostModel:
         self.load_mode = load_mode  # auto: cheapest of load k pages + compute; always; never
         self.tiers: dict[str, TierModel] = {}
         self._lock = threading.Lock()
+
+    # -- prefill -----------------------------------------------------------------------
+    def observe_step(self, seqs: Sequence[tuple[int, int]], seconds: float) -> bool:
+        """Fold one timed engine step (``seqs`` = (tokens fed, tokens cached) per sequence) into
+        the prefill model's online correction; False if it was not a prefill step."""
+        with self._lock:
+            new = self.prefill.observe(seqs, seconds, self.alpha)
+            if new is None:
+                return False
+            self.prefill = new
+            return True
 
     # -- tiers -----------------------------------------------------------------------
     def seed(self, tier: str, latency_s: float, bandwidth: float) -> None:

@@ -30,12 +30,16 @@ class ConnectorMetrics:
         self.prediction_error = Histogram("tierkv_connector_prediction_error_ratio",
                                           "|predicted - measured| / measured of loads",
                                           buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5), registry=r)
+        self.prefill_scale = Gauge("tierkv_connector_prefill_scale",
+                                   "Measured prefill steps / the start-up prefill fit (online correction)",
+                                   registry=r)
+        self.prefill_scale.set(1.0)
         self.native_info = native.info_gauge(r)  # tierkv_native_info{impl, reason}: which data-path ops run
 
     def collectors(self) -> list:
         return [self.decisions, self.lookups, self.loaded_tokens, self.load_seconds, self.load_failures,
                 self.offload_blocks, self.corrupt_deleted, self.offload_bytes, self.offload_queue_bytes, self.prediction_error,
-                self.native_info]
+                self.prefill_scale, self.native_info]
 
     def value(self, name: str, **labels: str) -> float:
         v = self.registry.get_sample_value(name, labels or None)

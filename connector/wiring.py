@@ -38,6 +38,7 @@ def attach_tierkv(engine, address: str | ConnectorConfig, prefill: PrefillModel 
     conn = KVConnector(engine, cfg, prefill=prefill)
     engine.connector = conn
     engine.evict_listeners.append(conn.on_evict)
+    engine.step_listeners.append(conn.on_step)
     engine.metric_collectors.extend(conn.metrics.collectors())
     order_hooks(engine)
     return conn
@@ -51,6 +52,8 @@ def detach_tierkv(engine) -> None:
     order_hooks(engine)
     if conn.on_evict in engine.evict_listeners:
         engine.evict_listeners.remove(conn.on_evict)
+    if conn.on_step in engine.step_listeners:
+        engine.step_listeners.remove(conn.on_step)
     conn.close()
 
 

@@ -62,6 +62,9 @@ class LLMEngine:
         self.radix = RadixCache(config.page_size, self.pool.allocator, on_evict=self._on_evict)
         # plug-ins, set by the composition root (connector/wiring.py); the engine runs without them
         self.evict_listeners: list[Callable[[list[EvictedNode]], None]] = []
+        #: told after each step: (tokens fed, tokens already cached) per sequence, and the step's
+        #: seconds (forward and sampling) — what the connector's prefill model learns from
+        self.step_listeners: list[Callable[[list[tuple[int, int]], float], None]] = []
         self.metric_collectors: list[Collector] = []  # of plug-ins, served on /metrics
         self.connector: KVConnectorPlugin | None = None
         self.blend: AdmissionHook | None = None
@@ -122,6 +125,7 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan:
             return []
+        t0 = time.perf_counter()
         seqs, needs_logits = [], []
         for req, n in plan:
             start = req.num_computed
@@ -148,6 +152,10 @@ class LLMEngine:
             outs.append(RequestOutput(req.rid, [tok], new_text, req.finished, req.finish_reason,
                                       len(req.prompt_ids), len(req.output_ids), req.cached_tokens,
                                       usage=req.usage))
+        if self.step_listeners:
+            shape, dt = [(n, start) for (_, start, _), (_, n) in zip(seqs, plan, strict=True)], time.perf_counter() - t0
+            for fn in self.step_listeners:
+                fn(shape, dt)
         return outs
 
     # -- offline convenience -------------------------------------------------------------

@@ -22,7 +22,7 @@ def test_prefill_fit_recovers_coefficients() -> None:
     # time falling with tokens: the negative slopes are dropped and refitted, leaving the mean
     # (a clamp alone, max(coef, 0) after one unconstrained fit, would keep a = 0.6 with b = 0)
     clamped = PrefillModel.fit([(10, 0, 0.5), (20, 0, 0.4), (30, 0, 0.3)])
-    assert clamped == (pytest.approx(0.4), 0.0, 0.0)
+    assert clamped[:3] == (pytest.approx(0.4), 0.0, 0.0) and clamped.scale == 1.0
 
 
 def _model(cpu_bw: float = 2e9, s3_bw: float = 1e8) -> CostModel:
@@ -65,6 +65,65 @@ def test_observe_moves_bandwidth_towards_measurements() -> None:
     assert m.tier("disk").bandwidth <= m.tier("cpu").bandwidth  # unmeasured seeds never beat cpu
 
 
+def test_prefill_scale_learns_what_real_steps_take() -> None:
+    fit = PrefillModel(0.01, 4e-3, 1e-7)
+    m = CostModel(fit, bytes_per_page=16 * 46_080, page_size=16, alpha=0.3)
+    step = [(256, 0), (1, 300), (1, 40)]  # a prefill chunk batched with two decodes
+    for _ in range(20):
+        assert m.observe_step(step, 1.5 * fit.fitted_step(step))
+    assert m.prefill.scale == pytest.approx(1.5, rel=1e-6) and m.prefill.observed == 20
+    assert m.prefill.predict(512, 100) == pytest.approx(1.5 * fit.predict(512, 100), rel=1e-6)
+    # decode-only steps are another regime: never folded in
+    assert not m.observe_step([(1, 300)] * 8, 10.0) and m.prefill.observed == 20
+    assert not m.observe_step(step, 0.0)
+
+
+def test_prefill_scale_sample_is_clamped() -> None:
+    """One step stalled 100x (a page fault storm, another process) moves the scale at most 4x."""
+    fit = PrefillModel(0.01, 4e-3, 1e-7)
+    m = CostModel(fit, bytes_per_page=16 * 46_080, page_size=16)
+    assert m.observe_step([(64, 0)], 100 * fit.fitted(64))
+    assert m.prefill.scale == pytest.approx(4.0)
+
+
+def test_prefill_scale_flips_a_decision_near_the_crossover() -> None:
+    """The fit says recompute is a little cheaper; the engine's real steps are 1.6x slower than the
+    fit, which makes loading the better option: the decision follows."""
+    fit = PrefillModel(0.01, 4e-3, 1e-7)
+    page = 16 * 46_080
+    m = CostModel(fit, bytes_per_page=page, page_size=16)
+    n, pages = 1024, 63
+    recompute = fit.predict(n)
+    suffix = fit.predict(n - pages * 16, pages * 16)
+    m.seed("cpu", 0.0, pages * page / (1.2 * recompute - suffix))  # load + suffix = 1.2 x recompute
+    assert m.decide(0, n, ["cpu"] * pages).outcome == "recompute"
+    for _ in range(10):
+        m.observe_step([(n, 0)], 1.6 * fit.fitted(n))
+    d = m.decide(0, n, ["cpu"] * pages)
+    assert d.outcome == "load_all" and d.predicted_recompute_s == pytest.approx(1.6 * recompute, rel=1e-6)
+
+
+def test_engine_steps_feed_the_prefill_model(tiny, tmp_path: Path) -> None:
+    """A real engine's prefill steps reach the connector's model; a deliberately 100x-too-slow fit
+    is pulled towards what the steps take (the per-sample clamp bounds each move at 4x)."""
+    with daemon(tmp_path, "--cpu", "64MiB") as d:
+        eng = make_engine(tiny)
+        conn = attach(eng, d.address, prefill_coeffs=(1.0, 0.1, 0.0), probe=False)
+        try:
+            run(eng, prompt(200, seed=5))
+            assert conn.cost.prefill.observed >= 1
+            assert conn.cost.prefill.scale < 1.0
+            assert conn.metrics.value("tierkv_connector_prefill_scale") == pytest.approx(conn.cost.prefill.scale)
+        finally:
+            detach(eng)
+        conn = attach(eng, d.address, prefill_coeffs=(1.0, 0.1, 0.0), probe=False, prefill_learn=False)
+        try:
+            run(eng, prompt(200, seed=6))
+            assert conn.cost.prefill.observed == 0 and conn.cost.prefill.scale == 1.0
+        finally:
+            detach(eng)
+
+
 def test_slow_tier_recompute_fast_tier_load_end_to_end(tiny, tmp_path: Path) -> None:
     ids = prompt(400, seed=21)  # 24 loadable pages of 8 KiB
     with daemon(tmp_path, "--cpu", "64MiB") as d:
@@ -72,7 +131,7 @@ def test_slow_tier_recompute_fast_tier_load_end_to_end(tiny, tmp_path: Path) -> 
         # a fixed prefill model (0.4 s for these 400 tokens; the tiny model's real prefill is too
         # close to a load to make a stable test): what is under test is the measured load side
         conn = attach(eng, d.address, load_mode="auto", prefill_coeffs=(0.01, 1e-3, 0.0), probe=True,
-                      write_through=True, load_deadline_min_s=30.0)
+                      write_through=True, load_deadline_min_s=30.0, prefill_learn=False)
         try:
             want = run(eng, ids).output_ids
             assert conn.flush(30)
