@@ -73,6 +73,10 @@ class StreamServer:
         with self._lock:
             self._closed = True
             conns = list(self._conns)
+        try:  # close() alone does not wake a thread blocked in accept() on Linux; shutdown does
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
         for c in conns:
             try:
@@ -81,6 +85,8 @@ class StreamServer:
                 pass
         if self._thread.ident is not None:  # a daemon stopped before it started has no thread
             self._thread.join(timeout=5)
+            if self._thread.is_alive():
+                log.warning("stream accept thread did not stop within 5 s")
 
     # -- connections ---------------------------------------------------------------------
     def _accept_loop(self) -> None:

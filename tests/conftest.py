@@ -25,8 +25,8 @@ def pytest_assertrepr_compare(op, left, right):
     a, b = bytes(left), bytes(right)
     if max(len(a), len(b)) <= 1024:
         return None
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    ndiff = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    ndiff = sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
     return [
         f"{len(a)} bytes == {len(b)} bytes",
         f"first difference at offset {first}; {ndiff} bytes differ",

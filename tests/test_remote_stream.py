@@ -167,3 +167,14 @@ def test_daemon_killed_mid_reply_is_unavailable(tmp_path: Path, daemons: list[Da
         with pytest.raises(KVStoreUnavailable):
             c.read_many([k for k, _ in blocks], kill_on_first)
         assert 0 < len(seen) < 24
+
+
+def test_close_stops_the_accept_thread() -> None:
+    """close() must wake the thread blocked in accept(): closing the socket alone does not on
+    Linux, and every daemon stop then waited out a 5 s join."""
+    from kvstore.stream_server import StreamServer
+
+    srv = StreamServer(store=None, host="127.0.0.1", port=0)  # type: ignore[arg-type]
+    srv.start()
+    srv.close()
+    assert not srv._thread.is_alive()
