@@ -37,14 +37,14 @@ class MissRatioCurve(NamedTuple):
     """Hit ratio a tier would reach at each capacity (ascending), from a trace."""
 
     tier: str
-    capacity_bytes: Sequence[int]
+    capacity_bytes: Sequence[int]  # non-decreasing
     hit_ratio: Sequence[float]
     note: str = ""  # how it was computed (e.g. exact, or sampled with its error)
 
     def check(self) -> None:
         if len(self.capacity_bytes) != len(self.hit_ratio) or not self.capacity_bytes:
             raise ValueError(f"curve of {self.tier}: {len(self.capacity_bytes)} sizes, {len(self.hit_ratio)} ratios")
-        if any(b <= a for a, b in zip(self.capacity_bytes, self.capacity_bytes[1:], strict=False)):
+        if any(b < a for a, b in zip(self.capacity_bytes, self.capacity_bytes[1:], strict=False)):
             raise ValueError(f"curve of {self.tier}: capacities must ascend")
         if any(not 0.0 <= h <= 1.0 for h in self.hit_ratio):
             raise ValueError(f"curve of {self.tier}: hit ratios must be in [0, 1]")

@@ -33,7 +33,8 @@ LOADABLE = (N - 1) // PS
 
 @contextmanager
 def daemon(tmp: Path, *flags: str) -> Iterator[Daemon]:
-    d = Daemon(load_config(["--listen", "127.0.0.1:0", *flags], env={"TIERKV_CACHE_DIR": str(tmp)}))
+    # --no-stream: loads go through shared memory (the raw Get channel's stop waits out a 5 s accept() join)
+    d = Daemon(load_config(["--listen", "127.0.0.1:0", "--no-stream", *flags], env={"TIERKV_CACHE_DIR": str(tmp)}))
     d.start()
     try:
         yield d
@@ -178,3 +179,14 @@ def test_attribution_is_one_outcome_per_page() -> None:
                    PageOutcome("absent", None, 1), PageOutcome("evicted", "disk", 1), PageOutcome("tail", None, 1))
     with pytest.raises(ValueError, match="add up"):  # the usage refuses outcomes that miss a page
         PromptUsage(5 * PS, page_size=PS, pages=(PageOutcome("tail", None, 1),))
+
+
+def test_accounting_that_does_not_add_up_is_dropped_not_raised() -> None:
+    """A usage the attribution cannot explain (radix past the last loadable page) keeps its token
+    figures and loses only ``pages``: accounting never fails a request inside the engine loop."""
+    from connector.state import KVState
+
+    usage = PromptUsage(3 * PS, radix=3 * PS)
+    assert KVState(page_size=PS).account(usage) == usage
+    ok = KVState(page_size=PS).account(PromptUsage(3 * PS, radix=2 * PS))
+    assert ok.pages == (PageOutcome("radix", None, 2), PageOutcome("tail", None, 1))
