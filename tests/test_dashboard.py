@@ -108,6 +108,8 @@ def test_dashboard_json_metrics_and_routes(tmp_path: Path) -> None:
         d.dashboard.curves = broken  # a bad curve is reported on the page, never a failed page
         bad = httpx.get(f"{base}/dashboard.json").json()
         assert bad["curves"] == [] and "ascend" in bad["curve_error"]
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        MissRatioCurve("cpu", [1, 2], [0.5, 1.5]).check()
 
 
 def test_dashboard_page_in_headless_chromium(tmp_path: Path) -> None:

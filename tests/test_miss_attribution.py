@@ -17,9 +17,7 @@ from pathlib import Path
 import pytest
 
 from connector.attribution import DaemonView, attribute
-from engine.metrics import EngineMetrics
-from engine.request import PageOutcome, PromptUsage, Request, RequestOutput
-from engine.server import _usage
+from engine.request import PageOutcome, PromptUsage, Request
 from kvstore.client import KVStoreClient
 from kvstore.config import load_config
 from kvstore.server import Daemon
@@ -150,23 +148,36 @@ def test_bypassed_when_a_throttled_tier_is_slower_than_recompute(tiny, tmp_path:
             detach(eng)
 
 
-def test_unavailable_daemon_and_the_usage_and_metrics_it_reaches(tiny) -> None:
+def test_unavailable_daemon_in_the_response_and_on_metrics(tiny) -> None:
+    """Through the real HTTP server: the outcomes are in usage.prompt_tokens_details.tierkv.pages
+    (next to the existing keys, unchanged) and counted on the engine's /metrics."""
+    from fastapi.testclient import TestClient
+
+    from engine.async_engine import AsyncEngine
+    from engine.server import create_app
+
     eng = make_engine(tiny)
     attach(eng, "127.0.0.1:1")  # nobody listens there
+    aengine = AsyncEngine(eng)
+    aengine.start()
     try:
-        req = run(eng, prompt(N, seed=35))
-        assert outcomes(req) == {("unavailable", None): LOADABLE, ("tail", None): 1}
-        assert run(eng, prompt(3, seed=36)).usage.pages == (PageOutcome("tail", None, 1),)
+        with TestClient(create_app(aengine, "tiny")) as http:
+            body = {"prompt": prompt(N, seed=35), "max_tokens": 2, "ignore_eos": True}
+            usage = http.post("/v1/completions", json=body).json()["usage"]
+            short = http.post("/v1/completions", json={**body, "prompt": prompt(3, seed=36)}).json()["usage"]
+            metrics = http.get("/metrics").text
     finally:
+        aengine.shutdown()
         detach(eng)
-    out = RequestOutput(req.rid, [], "", True, "length", len(req.prompt_ids), 6, req.cached_tokens, usage=req.usage)
-    pages = _usage(out)["prompt_tokens_details"]["tierkv"]["pages"]
-    assert pages == {"page_size": PS, "total": 8, "outcomes": [
+    details = usage["prompt_tokens_details"]
+    assert details["cached_tokens"] == 0 and details["tierkv"]["cached"]["daemon"] == 0
+    assert details["tierkv"]["computed"]["prefill"] == N
+    assert details["tierkv"]["pages"] == {"page_size": PS, "total": 8, "outcomes": [
         {"reason": "unavailable", "tier": None, "pages": LOADABLE}, {"reason": "tail", "tier": None, "pages": 1}]}
-    m = EngineMetrics()
-    m.count_usage(req.usage)
-    assert m.registry.get_sample_value("tierkv_engine_prompt_pages_total", {"reason": "unavailable",
-                                                                            "tier": "none"}) == LOADABLE
+    assert short["prompt_tokens_details"]["tierkv"]["pages"]["outcomes"] == [
+        {"reason": "tail", "tier": None, "pages": 1}]  # a prompt shorter than a page: its one page
+    assert f'tierkv_engine_prompt_pages_total{{reason="unavailable",tier="none"}} {float(LOADABLE)}' in metrics
+    assert 'tierkv_engine_prompt_pages_total{reason="tail",tier="none"} 2.0' in metrics
 
 
 def test_attribution_is_one_outcome_per_page() -> None:
@@ -190,3 +201,23 @@ def test_accounting_that_does_not_add_up_is_dropped_not_raised() -> None:
     assert KVState(page_size=PS).account(usage) == usage
     ok = KVState(page_size=PS).account(PromptUsage(3 * PS, radix=2 * PS))
     assert ok.pages == (PageOutcome("radix", None, 2), PageOutcome("tail", None, 1))
+
+
+def test_ghost_lists_are_bounded_and_name_the_last_tier() -> None:
+    from kvstore.ghosts import Ghosts
+
+    g = Ghosts(["cpu", "disk"], per_tier=3)
+    for i in range(5):
+        g.evicted("cpu", b"k%d" % i)
+    assert g.size("cpu") == 3 and g.where(b"k0") is None and g.where(b"k4") == "cpu"  # the oldest went first
+    g.evicted("cpu", b"k2")  # evicted again: the newest now, so k3 is the oldest
+    g.evicted("cpu", b"k5")
+    assert g.where(b"k3") is None and g.where(b"k2") == "cpu"
+    g.evicted("disk", b"k2")  # it spilled, then fell off disk too: disk was the last place it lived
+    assert g.explain([b"k2", b"k5", b"k9"], [None, "disk", None]) == ["disk", None, None]
+    g.forget(b"k2")  # deleted on purpose: no longer an eviction
+    assert g.where(b"k2") is None
+    g.count(["cpu", None, None], [None, "disk", None])
+    assert g.counts() == ({"cpu": 1, "disk": 0}, {"cpu": 0, "disk": 1}, 1) and g.counts().keys == 3
+    with pytest.raises(ValueError):
+        Ghosts(["cpu"], per_tier=-1)
