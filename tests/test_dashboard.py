@@ -7,6 +7,7 @@ test keeps a screenshot (under the test's tmp dir). The JSON is read-only and ca
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -136,5 +137,12 @@ def test_dashboard_page_in_headless_chromium(tmp_path: Path) -> None:
             shot = browser.screenshot(tmp_path / "dashboard.png")
             assert shot.stat().st_size > 10_000
             assert browser.errors == []
+            # the check can fail: an uncaught error thrown by the page is seen
+            browser.eval("window.setTimeout(() => { throw new Error('detector check') }, 0); 1")
+            browser.wait_for("document.readyState === 'complete'")
+            deadline = time.monotonic() + 30
+            while not any("detector check" in e for e in browser.errors) and time.monotonic() < deadline:
+                browser.eval("1")  # events arrive between replies
+            assert any("detector check" in e for e in browser.errors), browser.errors
         finally:
             browser.close()
