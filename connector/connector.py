@@ -17,6 +17,7 @@ import logging
 import time
 from typing import NamedTuple
 
+from connector.attribution import UNAVAILABLE, DaemonView
 from connector.config import ConnectorConfig
 from connector.cost_model import CostModel, Decision, PrefillModel
 from connector.keys import KeySpace
@@ -108,24 +109,32 @@ class KVConnector:
 
     def plan_load(self, req: Request) -> LoadPlan | None:
         """After the local match: look up the next full pages and let the cost model pick how many
-        to load (None: nothing to load)."""
+        to load (None: nothing to load). What the daemon said is kept for the page attribution."""
         ps = self.page_size
         start = req.num_computed // ps
         loadable = (req.num_tokens - 1) // ps  # leave at least one token to compute (its logits)
-        if loadable <= start or not self._daemon_up():
+        st = self._state(req)
+        st.page_size, st.view, st.decision = ps, None, None
+        if loadable <= start:
+            return None
+        if not self._daemon_up():
+            st.view = UNAVAILABLE
             return None
         keys = self._keys(req, loadable)[start:]
         try:
-            tiers = self.loader.lookup(keys, self.cfg.lookup_deadline_s)
+            found = self.loader.lookup_all(keys, self.cfg.lookup_deadline_s)
         except KVStoreError as e:
             self.metrics.lookups.labels("error").inc()
+            st.view = UNAVAILABLE
             self._mark_down(str(e))
             return None
+        st.view = DaemonView(found.tiers, found.evicted_from)
+        tiers = found.tiers[: found.prefix_len]
         self.known.discard(keys[len(tiers):])  # the daemon lost or never had these: offload them again
         self.metrics.lookups.labels("hit" if tiers else "miss").inc()
         if not tiers:
             return None
-        d = self.cost.decide(req.num_computed, req.num_tokens, tiers)
+        d = st.decision = self.cost.decide(req.num_computed, req.num_tokens, tiers)
         self.metrics.decisions.labels(d.tier, d.outcome).inc()
         log.debug("%s: %d pages cached locally, %d in the daemon (%s): %s %d pages; predicted load %.4fs + "
                   "compute %.4fs vs recompute %.4fs", req.rid, start, len(tiers), d.tier, d.outcome, d.pages,

@@ -26,6 +26,7 @@ from kvstore.block import BlockHeader, read_header
 from kvstore.client import KVStoreClient
 from kvstore.errors import BlockFormatError, KVStoreError, KVStoreTimeout
 from kvstore.keys import BlockKey
+from kvstore.store_types import LookupResult
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,13 @@ class Loader:
 
     def lookup(self, keys: Sequence[BlockKey], deadline_s: float) -> list[str | None]:
         """Tier of each leading key the daemon holds, up to the first miss (raises KVStoreError)."""
-        self.client.deadline_s = deadline_s
-        res = self.client.lookup(list(keys))
+        res = self.lookup_all(keys, deadline_s)
         return list(res.tiers[: res.prefix_len])
+
+    def lookup_all(self, keys: Sequence[BlockKey], deadline_s: float) -> LookupResult:
+        """The daemon's whole answer: every key's tier, and the tier that evicted an absent one lately."""
+        self.client.deadline_s = deadline_s
+        return self.client.lookup(list(keys))
 
     def load(self, keys: Sequence[BlockKey], pages: Sequence[int], deadline_s: float) -> LoadResult:
         t0 = time.perf_counter()

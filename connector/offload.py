@@ -132,7 +132,7 @@ class Offloader:
 
     def _send(self, batch: list[StagedPages]) -> None:
         keys = [k for s in batch for k in s.keys]
-        held = self.client.lookup(keys).tiers  # do not send bytes the daemon already has
+        held = self.client.lookup(keys, read=False).tiers  # do not send bytes the daemon already has
         todo = [i for i, t in enumerate(held) if t is None]
         if len(todo) < len(keys):
             self.metrics.offload_blocks.labels("skipped_held").inc(len(keys) - len(todo))

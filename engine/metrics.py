@@ -29,6 +29,10 @@ class EngineMetrics:
         self.prompt_kv_tokens = Counter("tierkv_engine_prompt_kv_tokens",
                                         "Prompt tokens by where their KV came from (outcome cached|computed)",
                                         ["outcome", "source"], registry=r)
+        self.prompt_pages = Counter("tierkv_engine_prompt_pages",
+                                    "Prompt pages by cache outcome (reason: radix, loaded, read_failed, bypassed, "
+                                    "after_gap, evicted, absent, unavailable, tail) and daemon tier",
+                                    ["reason", "tier"], registry=r)
         self.generation_tokens = Counter("tierkv_engine_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("tierkv_engine_requests", "Finished requests", ["finish_reason"], registry=r)
         self.preemptions = Gauge("tierkv_engine_preemptions", "Preemptions so far", registry=r)
@@ -37,6 +41,8 @@ class EngineMetrics:
         for outcome, parts in (("cached", usage.cached_by_source()), ("computed", usage.computed_by_source())):
             for source, n in parts.items():
                 self.prompt_kv_tokens.labels(outcome, source).inc(n)
+        for p in usage.pages:
+            self.prompt_pages.labels(p.reason, p.tier or "none").inc(p.pages)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

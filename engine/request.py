@@ -10,11 +10,20 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from engine.radix_cache import TreeNode
 from engine.sampling import SamplingParams
+
+
+class PageOutcome(NamedTuple):
+    """How many of a prompt's pages had one cache outcome (``reason``) at one tier (connector/attribution.py)."""
+
+    reason: str  # radix | loaded | absent | evicted | after_gap | read_failed | unavailable | bypassed | tail
+    tier: str | None  # the daemon tier involved (None: none)
+    pages: int
 
 
 @dataclass(frozen=True)
@@ -40,12 +49,17 @@ class PromptUsage:
     reused_approx: int = 0  #   approximate KV reused without recompute (blended document tokens)
     selected: int = 0  #   recomputed because the plug-in's selection picked them
     fresh: int = 0  #   computed for this request by the plug-in (its chunk store missed)
+    page_size: int = 0  # of ``pages``
+    pages: tuple[PageOutcome, ...] = ()  # why each prompt page hit or missed the exact caches (a KV connector's)
 
     def __post_init__(self) -> None:
         parts = (self.radix, self.loaded, self.reused_exact, self.reused_approx, self.selected, self.fresh)
         if min(parts) < 0 or self.reused_exact + self.reused_approx + self.selected + self.fresh > self.approximate \
                 or self.radix + self.loaded + self.approximate > self.prompt_tokens:
             raise ValueError(f"inconsistent prompt usage {self}")
+        if self.pages and (self.page_size <= 0 or min(p.pages for p in self.pages) <= 0
+                           or sum(p.pages for p in self.pages) != -(-self.prompt_tokens // self.page_size)):
+            raise ValueError(f"page outcomes do not add up to the prompt's pages: {self}")
 
     @property
     def cached(self) -> int:

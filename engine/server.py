@@ -2,7 +2,8 @@
 
 /v1/completions, /v1/chat/completions (tokenizer chat template), SSE streaming, usage with
 prompt_tokens_details.cached_tokens (only prompt tokens whose KV was not computed for the request)
-and its split in the extension ``prompt_tokens_details.tierkv``, /v1/models, /health, /metrics. Errors are OpenAI-shaped
+and its split in the extension ``prompt_tokens_details.tierkv`` (with ``pages``: each prompt page's
+cache outcome, when a KV connector is attached), /v1/models, /health, /metrics. Errors are OpenAI-shaped
 400s; a client that disconnects has its request aborted so its pages are freed.
 """
 
@@ -41,6 +42,10 @@ def _usage(out: RequestOutput) -> dict[str, Any]:
     if u is not None:
         details["tierkv"] = {"cached": u.cached_by_source(), "computed": u.computed_by_source(),
                              "daemon_tier": u.loaded_tier}
+        if u.pages:  # why each prompt page hit or missed (connector/attribution.py)
+            details["tierkv"]["pages"] = {
+                "page_size": u.page_size, "total": sum(p.pages for p in u.pages),
+                "outcomes": [{"reason": p.reason, "tier": p.tier, "pages": p.pages} for p in u.pages]}
     return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
             "total_tokens": out.prompt_tokens + out.completion_tokens, "prompt_tokens_details": details}
 

@@ -170,9 +170,11 @@ class KVStoreClient:
         return self._shm.active
 
     # -- API -----------------------------------------------------------------------------
-    def lookup(self, keys: Sequence[bytes]) -> LookupResult:
-        resp = self._call(lambda: self._stub.Lookup(pb.LookupRequest(keys=list(keys)), timeout=self.deadline_s))
-        return LookupResult(resp.prefix_len, [t or None for t in resp.tiers])
+    def lookup(self, keys: Sequence[bytes], read: bool = True) -> LookupResult:
+        """``read=False``: a writer checking what is held (the daemon does not count it as a read)."""
+        req = pb.LookupRequest(keys=list(keys), write_check=not read)
+        resp = self._call(lambda: self._stub.Lookup(req, timeout=self.deadline_s))
+        return LookupResult(resp.prefix_len, [t or None for t in resp.tiers], [t or None for t in resp.evicted_from])
 
     def delete(self, key: bytes | Sequence[bytes]) -> bool | int:
         """Delete one block (-> whether it was present). A sequence of keys is also accepted

@@ -1,19 +1,25 @@
-"""Prometheus metrics of one TieredStore, on a registry of its own (no globals).
+"""Prometheus metrics of one TieredStore, on a registry of its own (no globals), and the HTTP port.
 
 Counters and usage are kept by the store itself (one source of truth, also used by the Stats
 RPC); a custom collector turns ``store.stats()`` into metric families at scrape time. Only the
 latency histograms and the count of corrupt blocks (by tier and reason) are observed as events
 happen, through the store's Observer hook.
+
+The HTTP port serves /metrics, and any extra read-only pages registered in ``routes`` before
+``serve`` (the daemon adds /dashboard and /dashboard.json, kvstore/dashboard.py).
 """
 
 from __future__ import annotations
 
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from kvstore.tiered_store import TieredStore
@@ -57,6 +63,39 @@ class _StoreCollector(Collector):
         pend = GaugeMetricFamily("tierkv_spill_queue_bytes", "Bytes waiting to spill to a lower tier")
         pend.add_metric([], float(st.pending_bytes))
         yield pend
+        lk = self._store.lookup_counts()
+        keys = CounterMetricFamily("tierkv_lookup_keys", "Keys of read lookups: found (result hit), absent and "
+                                   "evicted lately by that tier (result evicted), or absent (result absent)",
+                                   labels=["result", "tier"])
+        for tier, n in lk.hits.items():
+            keys.add_metric(["hit", tier], float(n))
+        for tier, n in lk.evicted.items():
+            keys.add_metric(["evicted", tier], float(n))
+        keys.add_metric(["absent", ""], float(lk.absent))
+        yield keys
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def _wsgi(registry: CollectorRegistry, routes: dict[str, Callable[[], tuple[str, bytes]]]) -> Callable:
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        route = routes.get(environ.get("PATH_INFO", ""))
+        if route is None:
+            return metrics(environ, start_response)
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Length", "0")])
+            return [b""]
+        ctype, body = route()
+        start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body))),
+                                  ("Cache-Control", "no-store")])
+        return [body]
+
+    return app
 
 
 class StoreMetrics:
@@ -81,6 +120,7 @@ class StoreMetrics:
             "token)", ["reason"], registry=self.registry,
         )  # fmt: skip
         self._http: Any = None
+        self.routes: dict[str, Callable[[], tuple[str, bytes]]] = {}  # path -> () -> (content type, body)
 
     def read(self, tier: str, nbytes: int, seconds: float) -> None:
         self._read.labels(tier).observe(seconds)
@@ -99,10 +139,16 @@ class StoreMetrics:
         self.registry.register(_StoreCollector(store))
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve /metrics over HTTP on ``addr:port`` in a daemon thread; returns the port."""
-        res = start_http_server(port, addr=addr, registry=self.registry)
-        self._http = res[0] if isinstance(res, tuple) else None
-        return int(self._http.server_port) if self._http is not None else port
+        """Serve /metrics (and ``routes``) over HTTP on ``addr:port`` in a daemon thread; returns the port."""
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+        class Server(ThreadingWSGIServer):  # the address family of this address (IPv6 too), for this server only
+            address_family = family
+
+        self._http = make_server(sockaddr[0], port, _wsgi(self.registry, dict(self.routes)), Server,
+                                 handler_class=_QuietHandler)
+        threading.Thread(target=self._http.serve_forever, name="tierkv-http", daemon=True).start()
+        return int(self._http.server_port)
 
     def close(self) -> None:
         if self._http is not None:

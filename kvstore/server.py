@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvstore import auth
 from kvstore.config import StoreConfig
+from kvstore.dashboard import Dashboard
 from kvstore.metrics import StoreMetrics
 from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.servicer import KVStoreServicer
@@ -47,6 +48,8 @@ class Daemon:
         self.metrics = StoreMetrics()
         self.store = build_store(cfg, observer=self.metrics)
         self.metrics.bind(self.store)
+        self.dashboard = Dashboard(self.store)  # /dashboard on the metrics port; set .curves to show a curve
+        self.metrics.routes.update(self.dashboard.routes())
         self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
         try:
             token, creds = auth.server_token(cfg), auth.server_credentials(cfg)

@@ -63,8 +63,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         def go() -> pb.LookupResponse:
             keys = list(request.keys)
             _check_keys(keys)
-            res = self.store.lookup(keys)
-            return pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers])
+            res = self.store.lookup(keys, read=not request.write_check)
+            return pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
+                                     evicted_from=[t or "" for t in res.evicted_from])
 
         return self._run(context, go)
 
@@ -123,7 +124,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             total += s.size
         if total > self.cfg.max_batch_bytes:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch of {total} bytes is over the limit")
-        held = [t is not None for t in self.store.lookup([s.key for s in specs]).tiers]
+        held = [t is not None for t in self.store.lookup([s.key for s in specs], read=False).tiers]
         bufs: list[bytearray | bytes | None] = [None] * len(specs)
         got = [0] * len(specs)
         commit = None

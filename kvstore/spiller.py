@@ -110,7 +110,7 @@ class Spiller:
         with self._c.lock:
             if lv.remove(vkey) is None:  # deleted meanwhile
                 return
-            lv.counters.evictions += 1
+            self._c.evicted(lv, vkey)
             if raw is not None and not self._c.holds(vkey):
                 jobs = self._c.move_down(vkey, bytes(raw), i + 1)
             self._c.forget_if_gone(vkey)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvstore.ghosts import Ghosts
 from kvstore.level import Level
 from kvstore.store_types import NullObserver, Observer
 from tiers.base import Buffer
@@ -35,14 +36,15 @@ def frozen_copy(data: Buffer) -> bytes:
 
 
 class StoreState:
-    """The ordered levels, their lock, blocks in flight and per-key hit counts."""
+    """The ordered levels, their lock, blocks in flight, per-key hit counts and recent evictions."""
 
-    def __init__(self, levels: list[Level], observer: Observer | None = None) -> None:
+    def __init__(self, levels: list[Level], observer: Observer | None = None, ghosts_per_tier: int = 16384) -> None:
         self.levels = levels
         self.obs: Observer = observer or NullObserver()
         self.lock = threading.RLock()
         self.pending: dict[bytes, Job] = {}
         self.hits: dict[bytes, int] = {}
+        self.ghosts = Ghosts([lv.name for lv in levels], ghosts_per_tier)  # keys each level evicted lately
 
     def guard(self, lv: Level, fn: Callable[[], T]) -> T | None:
         """Run a tier call; on any error count it, trip the level's breaker, return None."""
@@ -73,6 +75,11 @@ class StoreState:
         job = Job(key, frozen_copy(data), target, True)
         self.pending[key] = job
         return [job]
+
+    def evicted(self, lv: Level, key: bytes) -> None:
+        """``lv`` pushed ``key`` out (caller holds the lock; the key may live on below)."""
+        lv.counters.evictions += 1
+        self.ghosts.evicted(lv.name, key)
 
     def hit(self, key: bytes) -> None:
         self.hits[key] = self.hits.get(key, 0) + 1

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 
 class LookupResult(NamedTuple):
     prefix_len: int  # how many leading keys are present, contiguously
     tiers: list[str | None]  # tier name holding each key (fastest first), None = absent
+    evicted_from: Sequence[str | None] = ()  # per key: an absent key's tier that evicted it lately, else None
 
 
 class TierStats(NamedTuple):

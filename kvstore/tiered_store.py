@@ -36,6 +36,7 @@ from typing import TypeVar
 
 from kvstore.block import block_fault
 from kvstore.errors import StoreClosed
+from kvstore.ghosts import LookupCounts
 from kvstore.level import Level, LevelOptions
 from kvstore.spiller import Spiller
 from kvstore.store_state import Job, StoreState, frozen_copy
@@ -55,10 +56,11 @@ class TieredStore:
         spill_queue_bytes: int = 256 * 1024**2,
         tier_retry_s: float = 2.0,
         observer: Observer | None = None,
+        ghosts_per_tier: int = 16384,
     ) -> None:
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
-        self._state = StoreState([Level(t, o, retry_s=tier_retry_s) for t, o in levels], observer)
+        self._state = StoreState([Level(t, o, retry_s=tier_retry_s) for t, o in levels], observer, ghosts_per_tier)
         self.levels = self._state.levels
         self.promote_on_hit = promote_on_hit
         self._obs = self._state.obs
@@ -110,8 +112,10 @@ class TieredStore:
         """The largest block any level can hold; larger puts raise BlockTooLarge."""
         return max(lv.capacity for lv in self.levels)
 
-    def lookup(self, keys: Sequence[bytes]) -> LookupResult:
-        """How many leading keys are present (contiguously), and the tier holding each key."""
+    def lookup(self, keys: Sequence[bytes], read: bool = True) -> LookupResult:
+        """How many leading keys are present (contiguously), the tier holding each key, and for an
+        absent key the tier that evicted it lately (kvstore/ghosts.py). ``read``: a reader's lookup,
+        counted in ``lookup_counts`` (a writer checking what is held passes False)."""
         names: list[str | None] = []
         with self._lock:
             self._check_open()
@@ -133,7 +137,16 @@ class TieredStore:
                 if f:
                     names[i] = lv.name
         prefix = next((i for i, n in enumerate(names) if n is None), len(names))
-        return LookupResult(prefix, names)
+        with self._lock:
+            evicted = self._state.ghosts.explain(keys, names)
+            if read:
+                self._state.ghosts.count(names, evicted)
+        return LookupResult(prefix, names, evicted)
+
+    def lookup_counts(self) -> LookupCounts:
+        """Keys of read lookups since start: found by tier, evicted lately by tier, absent."""
+        with self._lock:
+            return self._state.ghosts.counts()
 
     def delete(self, key: bytes) -> bool:
         found = False
@@ -142,6 +155,7 @@ class TieredStore:
             self._check_open()
             found = self._pending.pop(key, None) is not None
             self._hits.pop(key, None)
+            self._state.ghosts.forget(key)
             for i, lv in enumerate(self.levels):
                 if lv.remove(key) is not None:
                     found = True
@@ -207,7 +221,7 @@ class TieredStore:
                 top.fail(e)
                 vdata = None
             top.remove(vkey)
-            top.counters.evictions += 1
+            self._state.evicted(top, vkey)
             if vdata is not None:
                 self._obs.read(top.name, len(vdata), time.perf_counter() - t0)
                 jobs += self._state.move_down(vkey, vdata, 1)

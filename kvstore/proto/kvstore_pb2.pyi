@@ -15,18 +15,22 @@ STORED: PutStatus
 ALREADY_PRESENT: PutStatus
 
 class LookupRequest(_message.Message):
-    __slots__ = ("keys",)
+    __slots__ = ("keys", "write_check")
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_CHECK_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    write_check: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., write_check: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("prefix_len", "tiers")
+    __slots__ = ("prefix_len", "tiers", "evicted_from")
     PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FROM_FIELD_NUMBER: _ClassVar[int]
     prefix_len: int
     tiers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, prefix_len: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ...) -> None: ...
+    evicted_from: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, prefix_len: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., evicted_from: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BlockSpec(_message.Message):
     __slots__ = ("key", "size", "dtype", "shape")
