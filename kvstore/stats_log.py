@@ -25,6 +25,10 @@ class StatsLogger:
         if self._interval_s > 0:
             self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
