@@ -141,3 +141,14 @@ def test_effective_config_masks_secrets() -> None:
     assert "token = '***'  (TIERKV_TOKEN)" in text and "s3 tier secret_access_key = '***'  (AWS_SECRET_ACCESS_KEY)" in text
     assert "redis tier url = 'redis://:***@127.0.0.1:6379/0'  (--redis)" in text
     assert "cpu tier capacity_bytes = 1073741824  (--cpu)" in text
+
+
+def test_operations_doc_names_every_flag_variable_and_field() -> None:
+    """docs/operations.md's configuration reference cannot fall behind the option table and StoreConfig."""
+    from kvstore.options import OPTIONS
+    from kvstore.settings import SCALARS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    missing = [o.flag for o in OPTIONS if o.flag not in doc] + [o.env for o in OPTIONS if o.env not in doc]
+    missing += [f"`{name}`" for name in SCALARS if f"`{name}`" not in doc]
+    assert not missing, f"docs/operations.md does not mention {missing}"
