@@ -17,7 +17,6 @@ from kvstore.auth import ClientAuth
 from kvstore.config import StoreConfig
 from kvstore.errors import KVStoreError
 from kvstore.options import build_arg_parser
-from kvstore.settings import effective_lines, load_settings
 from tiers.errors import TierKVError
 
 log = logging.getLogger("kvstore")
@@ -79,6 +78,8 @@ def describe(cfg: StoreConfig) -> str:
 
 
 def _serve(argv: list[str], args: argparse.Namespace) -> int:
+    from kvstore.settings import effective_lines, load_settings  # pydantic: not for `health` probes
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rest = argv[argv.index("serve") + 1 :]
     if "--log-level" in rest:

@@ -59,7 +59,7 @@ class Settings(NamedTuple):
 def _pyd_type(name: str, declared: str) -> Any:
     if name == "kind":
         return Literal[KINDS]  # type: ignore[valid-type]
-    if declared == "int" and (name.endswith("_bytes")):
+    if declared == "int" and name.endswith("_bytes"):
         return Annotated[int, BeforeValidator(parse_size)]
     return {"int": int, "float": float, "bool": bool, "str": str}[declared]
 
