@@ -127,6 +127,15 @@ def _read_yaml_tiers(path: str, tiers: Any, out: _Yaml) -> None:
             out.layer[("tiers", kind, name)] = (value, f"{where}.{key}")
 
 
+def _chain(listed: Sequence[str], added: Sequence[str]) -> list[str]:
+    """The YAML's tier order, with tiers added by env or flags at their place in cpu > disk > redis > s3."""
+    out = list(listed)
+    for kind in added:
+        later = [i for i, k in enumerate(out) if KINDS.index(k) > KINDS.index(kind)]
+        out.insert(later[0] if later else len(out), kind)
+    return out
+
+
 def _env_layer(env: Mapping[str, str]) -> Layer:
     layer: Layer = {}
     for name in SCALARS:
@@ -168,7 +177,7 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
     for option, values in flag_values(args):
         flag_layer.update({p: (v, option.flag) for p, v in values.items()})
     given = [p[1] for lay in (yml.layer, env_layer, flag_layer) for p in lay if p[:1] == ("tiers",) and p[1] != "*"]
-    kinds = [*yml.kinds, *(k for k in KINDS if k in given and k not in yml.kinds)]
+    kinds = _chain(yml.kinds, [k for k in KINDS if k in given and k not in yml.kinds])
     embedded = not kinds
     kinds = kinds or ["cpu", "disk"]
     merged: Layer = {}

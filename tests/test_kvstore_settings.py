@@ -55,6 +55,12 @@ def test_precedence_per_field_and_sources(tmp_path: Path) -> None:
     assert s.config.tiers[0].eviction == "arc"  # untouched by env and flags: still the YAML's
 
 
+def test_a_tier_added_by_a_flag_takes_its_place_in_the_chain(tmp_path: Path) -> None:
+    path = _yaml(tmp_path, {"tiers": [{"kind": "cpu", "capacity": "1Gi"}, {"kind": "s3", "url": "s3://b/p"}]})
+    s = load_settings(["--config", path, "--disk", f"{tmp_path}/disk:1Gi", "--redis", "redis://h:1/0"], env={})
+    assert [t.kind for t in s.config.tiers] == ["cpu", "disk", "redis", "s3"]  # not behind the slowest tier
+
+
 def test_kind_defaults_are_the_same_from_yaml_and_flags(tmp_path: Path) -> None:
     """A redis tier is write-through and shared whether it came from --redis or from YAML."""
     from_flag = load_settings(["--redis", "redis://h:1/0"], env={}).config.tiers[0]
