@@ -3,36 +3,86 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
 import logging
+import os
 import signal
 import sys
 import time
+from dataclasses import fields
+from importlib.metadata import PackageNotFoundError, version
 
 from engine import plugins
-from engine.config import EngineConfig
+from engine.config import ENV_PREFIX, EngineConfig
 from engine.env import parse_size
 from engine.errors import ConfigError
 
 log = logging.getLogger("kvengine")
+_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
+ENV_REGISTRY = "kvstore.env_names"  # every TIERKV_* name any tierkv program reads; reached by name, like a plug-in
+
+
+def _field_help(text: str, field: str, shown: object = None) -> str:
+    """``text (default: D; env TIERKV_ENGINE_FIELD)``: the flag overrides the variable."""
+    default = _DEFAULTS[field] if shown is None else shown
+    return f"{text} (default: {default if default != '' else 'none'}; env {ENV_PREFIX}{field.upper()})"
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="local HF dir or .gguf (default: bundled SmolLM2-135M)")
-    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--kv-memory", default=None, help="KV pool budget, e.g. 512MiB")
-    p.add_argument("--num-pages", type=int, default=None)
-    p.add_argument("--page-size", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-prefill-tokens", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--attention-backend", default=None, choices=["auto", "torch", "flashinfer"])
-    p.add_argument("--threads", type=int, default=None, dest="num_threads")
-    p.add_argument("--kvstore", default=None, help="kvstore daemon address host:port (connector)")
+    p.add_argument("--model", default=None, help=_field_help("local HF dir or .gguf", "model", "bundled SmolLM2-135M"))
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"], help=_field_help("device", "device"))
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
+                   help=_field_help("KV and weight dtype (auto: fp32 on CPU, bf16 on CUDA)", "dtype"))
+    p.add_argument("--kv-memory", default=None, metavar="SIZE",
+                   help=_field_help("KV pool budget, e.g. 512Mi (Gi = 2^30, G = 10^9, bare = bytes)", "kv_memory",
+                                    "512Mi"))
+    p.add_argument("--num-pages", type=int, default=None, help=_field_help("KV pages (overrides --kv-memory)",
+                                                                           "num_pages", "0 = from --kv-memory"))
+    p.add_argument("--page-size", type=int, default=None, help=_field_help("tokens per KV page", "page_size"))
+    p.add_argument("--max-num-seqs", type=int, default=None, help=_field_help("running requests", "max_num_seqs"))
+    p.add_argument("--max-prefill-tokens", type=int, default=None,
+                   help=_field_help("token budget of one step", "max_prefill_tokens"))
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help=_field_help("context length", "max_model_len", "0 = the model's"))
+    p.add_argument("--attention-backend", default=None, choices=["auto", "torch", "flashinfer"],
+                   help=_field_help("attention kernels", "attention_backend"))
+    p.add_argument("--threads", type=int, default=None, dest="num_threads",
+                   help=_field_help("torch threads on CPU", "num_threads", "0 = torch's"))
+    p.add_argument("--kvstore", default=None, metavar="HOST:PORT",
+                   help=_field_help("kvstore daemon address (attaches the connector)", "kvstore"))
     p.add_argument("--kv-connector", default=None,
-                   help="connector plug-in --kvstore attaches (default tierkv; see engine/plugins.py)")
+                   help=_field_help("connector plug-in --kvstore attaches (engine/plugins.py)", "kv_connector"))
     p.add_argument("--check-config", action="store_true", help="validate flags and environment, then exit")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def unknown_env_warnings(environ: dict[str, str] | None = None) -> list[str]:
+    """One line per TIERKV_* variable no tierkv program reads, with the closest real name.
+
+    The full list lives with the daemon (kvstore/env_names.py), imported by name only when some
+    TIERKV_* variable is set; without it (engine installed alone) only TIERKV_ENGINE_* is judged."""
+    environ = dict(os.environ if environ is None else environ)
+    ours = sorted(v for v in environ if v.startswith("TIERKV_"))
+    if not ours:
+        return []
+    try:
+        return importlib.import_module(ENV_REGISTRY).unknown(environ)
+    except ImportError:
+        own = [f"{ENV_PREFIX}{f.name.upper()}" for f in fields(EngineConfig)]
+        lines = []
+        for var in (v for v in ours if v.startswith(ENV_PREFIX) and v not in own):
+            match = difflib.get_close_matches(var, own, n=1, cutoff=0.75)
+            lines.append(f"unknown environment variable {var} ignored" + (f" (did you mean {match[0]}?)" if match
+                                                                          else ""))
+        return lines
+
+
+def package_version() -> str:
+    try:
+        return version("tierkv")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _config(a: argparse.Namespace) -> EngineConfig:
@@ -119,7 +169,7 @@ def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
     blend = None if a.no_blend else plugins.resolve("cacheblend")(engine)  # before AsyncEngine: collectors
     aengine = AsyncEngine(engine)
     aengine.start()
-    name = a.served_model_name or engine.loaded.name
+    name = a.served_model_name or cfg.served_model_name or engine.loaded.name
     app = create_app(aengine, name, blend=blend)
     host, port = _serve_address(a)
     if a.metrics_listen:  # /metrics also on its own address (the API's port keeps serving it too)
@@ -162,7 +212,9 @@ def _generate(a: argparse.Namespace, cfg: EngineConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kvengine", description="tierkv paged-attention LLM engine")
+    ap = argparse.ArgumentParser(prog="kvengine", description="tierkv paged-attention LLM engine",
+                                 epilog="Precedence per field: flag > TIERKV_ENGINE_* env > default.")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _engine_args(s)
@@ -171,22 +223,24 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--listen", default=None, help="HOST:PORT to serve on (overrides --host/--port)")
     s.add_argument("--metrics-listen", default=None,
                    help="also serve Prometheus /metrics on HOST:PORT (it is always on the API port)")
-    s.add_argument("--served-model-name", default=None)
+    s.add_argument("--served-model-name", default=None, help=_field_help("model name in the API", "served_model_name", "the model's"))
     s.add_argument("--no-blend", action="store_true", help="refuse CacheBlend (`documents`) requests")
     s.add_argument("--shutdown-grace-s", type=float, default=30.0,
-                   help="on SIGTERM, wait this long for staged KV offloads to reach the daemon")
+                   help="on SIGTERM, wait this long for staged KV offloads to reach the daemon (default: %(default)s)")
     g = sub.add_parser("generate", help="one-off generation")
     _engine_args(g)
     g.add_argument("prompt")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "urllib3", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    for line in unknown_env_warnings():
+        log.warning("%s", line)
     try:
         cfg = _config(a)
         if a.cmd == "serve":

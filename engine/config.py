@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from engine.env import env_overrides, parse_size
 
+ENV_PREFIX = "TIERKV_ENGINE_"  # TIERKV_ENGINE_<FIELD> sets a field (a flag overrides it)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -13,7 +15,7 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
     page_size: int = 16
-    kv_memory: int = 512 * 2**20  # bytes for the paged KV pool
+    kv_memory: int = 512 * 2**20  # bytes for the paged KV pool (sizes: 512Mi = 512 x 2^20, 512M = 512 x 10^6)
     num_pages: int = 0  # overrides kv_memory when > 0 (tests)
     max_num_seqs: int = 64  # running requests at once
     max_prefill_tokens: int = 2048  # token budget of one step (chunked prefill)
@@ -44,7 +46,7 @@ class EngineConfig:
     @staticmethod
     def from_env(**overrides: object) -> EngineConfig:
         """Defaults < TIERKV_ENGINE_* environment < explicit overrides (CLI flags)."""
-        env = env_overrides(EngineConfig, "TIERKV_ENGINE_")
+        env = env_overrides(EngineConfig, ENV_PREFIX)
         env.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(env.get("kv_memory"), str):
             env["kv_memory"] = parse_size(env["kv_memory"])  # type: ignore[arg-type]

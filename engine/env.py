@@ -1,34 +1,50 @@
 """One way to read a frozen config dataclass from ``PREFIX_FIELD`` environment variables.
 
 Used by the engine (TIERKV_ENGINE_*) and the connector (TIERKV_CONNECTOR_*); the kvstore daemon
-has its own YAML + env loader (kvstore/config.py). Values are coerced by the field's declared type
+has its own YAML + env loader (kvstore/settings.py). Values are coerced by the field's declared type
 (int, float, bool, str; a field named like ``*_memory``/``*_bytes`` of type int also takes sizes
-such as 512MiB). A bad value is one clear line naming the variable.
+such as 512Mi: Kubernetes units, G = 10^9, Gi = 2^30, bare numbers are bytes, lowercase refused as
+ambiguous). A bad value is one clear line naming the variable.
+
+engine/ imports neither kvstore/ nor connector/ (tests/test_engine_imports.py), so the size rule is
+written here a second time; tests/test_kvstore_sizes.py holds both to the same table.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import fields
+from decimal import Decimal
 
 from engine.errors import ConfigError
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
-          "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_UNITS = {"": 1, "B": 1, "k": 10**3, "kB": 10**3}
+for _i, _p in enumerate("KMGTPE", start=1):
+    _UNITS[_p] = _UNITS[f"{_p}B"] = 1000**_i
+    _UNITS[f"{_p}i"] = _UNITS[f"{_p}iB"] = 1024**_i
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def parse_size(value: str | int) -> int:
-    """'4GiB' -> 4294967296, '1.5GB' -> 1500000000; plain ints are bytes."""
-    if isinstance(value, int):
+    """'4Gi' -> 4294967296, '4G' -> 4000000000; plain ints are bytes (the rule of kvstore/sizes.py)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    m = _SIZE.match(str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"bad size {value!r} (examples: 512MiB, 4GiB, 1.5GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    m = _SIZE.match(str(value)) if isinstance(value, str) else None
+    if m is None:
+        raise ConfigError(f"bad size {value!r}: a byte count or a number with a unit: 512Mi, 4Gi (2^30), 4G (10^9)")
+    number, unit = m.groups()
+    if unit not in _UNITS:
+        head, n = unit[:1].upper(), "KMGTPE".find(unit[:1].upper()) + 1
+        hint = (f"units are case-sensitive: write {number}{head} or {number}{head}B for {number}x10^{3 * n} bytes, "
+                f"or {number}{head}i or {number}{head}iB for {number}x2^{10 * n}" if head and n else
+                f"unknown unit {unit!r}")
+        raise ConfigError(f"bad size {value!r}: {hint}")
+    return math.ceil(Decimal(number) * _UNITS[unit])
 
 
 def _coerce(name: str, ftype: str, raw: str) -> object:

@@ -1,27 +1,32 @@
 """``kvstore serve [flags]`` runs the daemon (``--check-config``: validate and exit);
-``kvstore stats --address ADDR`` prints a table; ``kvstore health --address ADDR`` exits 0 when the
-daemon answers SERVING on gRPC health (container health checks)."""
+``kvstore stats --address ADDR [--json] [--watch S]`` prints per-tier statistics; ``kvstore health
+--address ADDR`` exits 0 when the daemon answers SERVING on gRPC health (container health checks).
+A bad value anywhere is one line on stderr and exit 2; ``--version`` prints the package version."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
-from kvstore import auth
+from kvstore import auth, stats_view
 from kvstore.auth import ClientAuth
-from kvstore.config import StoreConfig, build_arg_parser, load_config
+from kvstore.config import StoreConfig
 from kvstore.errors import KVStoreError
+from kvstore.options import build_arg_parser
 from tiers.errors import TierKVError
 
+log = logging.getLogger("kvstore")
 
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+
+def package_version() -> str:
+    try:
+        return version("tierkv")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _client_auth(args: argparse.Namespace) -> ClientAuth:
@@ -31,25 +36,28 @@ def _client_auth(args: argparse.Namespace) -> ClientAuth:
                                with_token=args.cmd != "health")  # fmt: skip
 
 
-def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
+def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None, as_json: bool = False,
+                watch_s: float = 0.0) -> int:
+    """Print the daemon's stats once, or every ``watch_s`` seconds until Ctrl-C (exit 0)."""
     from kvstore.client import KVStoreClient
 
     with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
-        st = c.stats()
-    cols = ("tier", "used", "capacity", "blocks", "hits", "misses", "evict", "spills", "promo", "dropped", "errors", "up")
-    rows = [
-        (t.name, _fmt_bytes(t.used_bytes), _fmt_bytes(t.capacity_bytes), t.blocks, t.hits, t.misses, t.evictions,
-         t.spills, t.promotions, t.dropped, t.errors, "yes" if t.available else "NO")
-        for t in st.tiers
-    ]  # fmt: skip
-    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
-    for row in (cols, *rows):
-        print("  ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=True)))
-    print(f"spill queue: {st.pending_blocks} blocks, {_fmt_bytes(st.pending_bytes)}")
-    for t in st.tiers:
-        if t.last_error:
-            print(f"{t.name} last error: {t.last_error}")
-    return 0
+        try:
+            while True:
+                st = c.stats()
+                if as_json:
+                    print(stats_view.as_json(st, address), flush=True)
+                else:
+                    if watch_s and sys.stdout.isatty():
+                        print("\033[H\033[2J", end="")  # clear the screen between refreshes
+                    print(stats_view.table(st), flush=True)
+                if not watch_s:
+                    return 0
+                time.sleep(watch_s)
+                if not as_json:
+                    print(flush=True)
+        except KeyboardInterrupt:
+            return 0
 
 
 def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
@@ -69,47 +77,71 @@ def describe(cfg: StoreConfig) -> str:
     return "\n".join(lines)
 
 
+def _serve(argv: list[str], args: argparse.Namespace) -> int:
+    from kvstore.settings import effective_lines, load_settings  # pydantic: not for `health` probes
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rest = argv[argv.index("serve") + 1 :]
+    if "--log-level" in rest:
+        i = rest.index("--log-level")
+        del rest[i : i + 2]
+    settings = load_settings(rest)
+    if args.check_config:
+        print(f"kvstore: configuration OK\n{describe(settings.config)}")
+        return 0
+    log.info("kvstore %s, effective configuration (value  (source); secrets masked):", package_version())
+    for line in effective_lines(settings):
+        log.info("config %s", line)
+    from kvstore.server import serve
+
+    return serve(settings.config)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvstore", description="tierkv KV-cache daemon")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    serve_p = sub.add_parser("serve", help="run the daemon", add_help=False)
+    serve_p = sub.add_parser("serve", help="run the daemon", add_help=False,
+                             epilog="Precedence per field: flag > TIERKV_* env > YAML > default; sizes: Gi = 2^30, "
+                             "G = 10^9, bare numbers are bytes (docs/operations.md).")
     build_arg_parser(serve_p)
-    serve_p.add_argument("-h", "--help", action="help")
-    serve_p.add_argument("--log-level", default="INFO")
-    stats_p = sub.add_parser("stats", help="print the daemon's per-tier statistics")
-    stats_p.add_argument("--address", default="127.0.0.1:50551")
-    stats_p.add_argument("--deadline", type=float, default=5.0)
-    health_p = sub.add_parser("health", help="exit 0 if the daemon is serving (gRPC health check)")
-    health_p.add_argument("--address", default="127.0.0.1:50551")
-    health_p.add_argument("--deadline", type=float, default=3.0)
+    serve_p.add_argument("-h", "--help", action="help", help="show this help and exit")
+    serve_p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR (default: %(default)s)")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    stats_p = sub.add_parser("stats", help="print the daemon's per-tier statistics", formatter_class=fmt)
+    stats_p.add_argument("--address", default="127.0.0.1:50551", help="the daemon's HOST:PORT")
+    stats_p.add_argument("--deadline", type=float, default=5.0, help="seconds to wait for the daemon")
+    stats_p.add_argument("--json", action="store_true", help="one JSON object per refresh (stable keys)")
+    stats_p.add_argument("--watch", type=_positive, default=0.0, metavar="SECONDS",
+                         help="refresh every SECONDS until Ctrl-C (0 = print once)")
+    health_p = sub.add_parser("health", help="exit 0 if the daemon is serving (gRPC health check)", formatter_class=fmt)
+    health_p.add_argument("--address", default="127.0.0.1:50551", help="the daemon's HOST:PORT")
+    health_p.add_argument("--deadline", type=float, default=3.0, help="seconds to wait for the daemon")
     stats_p.add_argument("--token-file", help="bearer token file (default: TIERKV_TOKEN, TIERKV_TOKEN_FILE, "
                          "then the daemon's default token file on this machine)")
     for p in (stats_p, health_p):
-        p.add_argument("--tls-ca", help="PEM CA of the daemon's certificate (TLS)")
-        p.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
-        p.add_argument("--tls-key", help="PEM key of --tls-cert")
+        p.add_argument("--tls-ca", help="PEM CA of the daemon's certificate (TLS; env TIERKV_TLS_CA)")
+        p.add_argument("--tls-cert", help="PEM client certificate (mutual TLS; env TIERKV_CLIENT_CERT)")
+        p.add_argument("--tls-key", help="PEM key of --tls-cert (env TIERKV_CLIENT_KEY)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)  # every flag checked: a misspelt one is an error, not ignored
     try:
         if args.cmd == "stats":
-            return print_stats(args.address, args.deadline, _client_auth(args))
+            return print_stats(args.address, args.deadline, _client_auth(args), args.json, args.watch)
         if args.cmd == "health":
             return check_health(args.address, args.deadline, _client_auth(args))
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        rest = argv[argv.index("serve") + 1 :]
-        if "--log-level" in rest:
-            i = rest.index("--log-level")
-            del rest[i : i + 2]
-        cfg = load_config(rest)
-        if args.check_config:
-            print(f"kvstore: configuration OK\n{describe(cfg)}")
-            return 0
-        from kvstore.server import serve
-
-        return serve(cfg)
+        return _serve(argv, args)
     except (KVStoreError, TierKVError) as e:
-        print(f"kvstore: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or [type(e).__name__]:
+            print(f"kvstore: {line}", file=sys.stderr)
         return 2
+
+
+def _positive(value: str) -> float:
+    seconds = float(value)
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {value}")
+    return seconds
 
 
 if __name__ == "__main__":

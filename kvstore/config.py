@@ -1,50 +1,24 @@
-"""The daemon's one frozen configuration object, loaded in one place.
+"""The daemon's one frozen configuration object: StoreConfig (and a TierConfig per level).
 
-Precedence (later wins): built-in defaults < YAML file (``--config``/``TIERKV_CONFIG``) <
-environment (``TIERKV_*``) < CLI flags. Everything is validated in ``__post_init__`` so a bad
-size string or a missing bucket stops the daemon at start, not at the first spill.
-
-With no tier configured anywhere, the embedded default is a 1 GiB cpu tier over a 10 GiB disk
-tier under ``$TIERKV_CACHE_DIR`` (default ``~/.cache/tierkv``). As soon as any tier is given,
-only the given tiers exist.
+The rest of the code reads only these dataclasses. They are assembled in one place,
+kvstore/settings.py (YAML < ``TIERKV_*`` env < flags, merged field by field and type-checked by a
+pydantic model); ``__post_init__`` here keeps the cross-field rules, so a StoreConfig built by hand
+(tests, embedding) is held to them too. Sizes: kvstore/sizes.py (Kubernetes units).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from kvstore.sizes import format_size, parse_size
 from tiers.errors import ConfigError
 from tiers.redact import redact_url
 
+__all__ = ["KINDS", "StoreConfig", "TierConfig", "default_cache_dir", "load_config", "parse_size"]
 KINDS = ("cpu", "disk", "redis", "s3")
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "ki": 1024, "kib": 1024, "kb": 1000,
-    "m": 1024**2, "mi": 1024**2, "mib": 1024**2, "mb": 1000**2,
-    "g": 1024**3, "gi": 1024**3, "gib": 1024**3, "gb": 1000**3,
-    "t": 1024**4, "ti": 1024**4, "tib": 1024**4, "tb": 1000**4,
-}  # fmt: skip
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: str | int) -> int:
-    """'4GiB' -> 4294967296; '1.5GB' -> 1500000000; plain ints are bytes."""
-    if isinstance(value, int):
-        return value
-    m = _SIZE_RE.match(str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"bad size {value!r} (examples: 512MiB, 4GiB, 1.5GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     return Path(env.get("TIERKV_CACHE_DIR") or Path.home() / ".cache" / "tierkv")
@@ -135,6 +109,8 @@ class StoreConfig:
     tls_cert: str = ""  # PEM files: serve gRPC over TLS ...
     tls_key: str = ""
     tls_client_ca: str = ""  # ... and require client certificates signed by this CA (mutual TLS)
+    min_block_bytes: int = 64 * 1024  # the smallest KV block (one page of the smallest model): a tier below it is refused
+    stats_interval_s: float = 60.0  # log a one-line stats summary this often (0 = never)
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -142,6 +118,14 @@ class StoreConfig:
         kinds = [t.kind for t in self.tiers]
         if len(set(kinds)) != len(kinds):
             raise ConfigError(f"each tier kind may appear once, got {kinds}")
+        for t in self.tiers:
+            if t.capacity_bytes < self.min_block_bytes:
+                raise ConfigError(
+                    f"{t.kind} tier: capacity {t.capacity_bytes} B is smaller than one block (min_block_bytes = "
+                    f"{format_size(self.min_block_bytes)}); sizes without a unit are bytes: did you mean "
+                    f"{t.capacity_bytes}Mi or {t.capacity_bytes}Gi?")
+        if self.stats_interval_s < 0:
+            raise ConfigError(f"stats_interval_s must be >= 0 (0 = off), got {self.stats_interval_s}")
         _check_host_port("listen", self.listen)
         if self.metrics_listen:
             _check_host_port("metrics_listen", self.metrics_listen)
@@ -157,161 +141,15 @@ class StoreConfig:
             raise ConfigError("chunk_bytes must leave room under max_message_bytes")
         if self.max_block_bytes > self.max_batch_bytes or self.workers < 1 or self.spill_queue_bytes <= 0:
             raise ConfigError("invalid limits (max_block_bytes <= max_batch_bytes, workers >= 1)")
+        if not 0 < self.min_block_bytes <= self.max_block_bytes:
+            raise ConfigError(f"min_block_bytes must be in 1..max_block_bytes, got {self.min_block_bytes}")
         from kvstore import auth  # local: keep config import-light
 
         auth.validate(self)
 
 
-def _tier_from_flag(kind: str, value: str, env: Mapping[str, str]) -> TierConfig:
-    """Parse '--cpu 4GiB', '--disk PATH[:SIZE]', '--s3 s3://b/p', '--redis redis://h:p'."""
-    if kind == "cpu":
-        return TierConfig("cpu", parse_size(value))
-    if kind == "disk":
-        path, sep, size = value.rpartition(":")
-        if sep and _SIZE_RE.match(size) and path:
-            return TierConfig("disk", parse_size(size), path=path)
-        return TierConfig("disk", 10 * 1024**3, path=value)
-    if kind == "s3":
-        return TierConfig(
-            "s3", 1024**4, url=value, shared=True, admit_min_hits=0,
-            endpoint=env.get("AWS_ENDPOINT_URL", ""), region=env.get("AWS_DEFAULT_REGION", "us-east-1"),
-            access_key_id=env.get("AWS_ACCESS_KEY_ID", ""), secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", ""),
-        )  # fmt: skip
-    return TierConfig("redis", 4 * 1024**3, url=value, shared=True, write_through=True)
-
-
-def _coerce(name: str, raw: Any, target: Any) -> Any:
-    if isinstance(target, bool):
-        return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
-    if isinstance(target, int):
-        return parse_size(raw) if name.endswith("bytes") else int(raw)
-    if isinstance(target, float):
-        return float(raw)
-    return str(raw)
-
-
-def _tier_from_yaml(d: Mapping[str, Any], env: Mapping[str, str]) -> TierConfig:
-    d = dict(d)
-    kind = str(d.pop("kind", ""))
-    if "capacity" in d:
-        d["capacity_bytes"] = parse_size(d.pop("capacity"))
-    if kind == "s3":
-        d.setdefault("access_key_id", env.get("AWS_ACCESS_KEY_ID", ""))
-        d.setdefault("secret_access_key", env.get("AWS_SECRET_ACCESS_KEY", ""))
-        d.setdefault("shared", True)
-    if kind == "redis":
-        d.setdefault("shared", True)
-    known = {f.name for f in fields(TierConfig)}
-    if unknown := set(d) - known:
-        raise ConfigError(f"{kind} tier: unknown keys {sorted(unknown)}")
-    try:
-        return TierConfig(kind=kind, **d)
-    except TypeError as e:
-        raise ConfigError(f"{kind} tier: {e}") from e
-
-
-def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="kvstore serve")
-    p.add_argument("--config", help="YAML config file")
-    p.add_argument("--cpu", help="cpu tier size, e.g. 4GiB")
-    p.add_argument("--disk", help="disk tier PATH[:SIZE]")
-    p.add_argument("--s3", help="s3 tier s3://bucket/prefix")
-    p.add_argument("--s3-endpoint", help="S3 endpoint URL (SeaweedFS, MinIO)")
-    p.add_argument("--s3-capacity", help="bytes the s3 tier may hold (default 1TiB)")
-    p.add_argument("--s3-admit-hits", type=int, help="spill to s3 only blocks hit >= N times")
-    p.add_argument("--redis", help="redis tier redis://host:port")
-    p.add_argument("--redis-cluster", action="store_true", default=None)
-    p.add_argument("--redis-capacity", help="bytes the redis tier may hold (default 4GiB)")
-    p.add_argument("--eviction", help="eviction policy of every tier (lru, s3fifo, arc)")
-    p.add_argument("--listen", help="HOST:PORT to serve gRPC on")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:N")
-    p.add_argument("--metrics-listen", help="serve Prometheus /metrics on HOST:PORT (e.g. 0.0.0.0:9400)")
-    p.add_argument("--shm-max-bytes", help="shared memory all clients may map, e.g. 4GiB (default)")
-    p.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
-    p.add_argument("--no-promote", action="store_true", default=None, help="do not promote on hit")
-    p.add_argument("--no-shm", action="store_true", default=None, help="disable the shared-memory path")
-    p.add_argument("--no-stream", action="store_true", default=None, help="disable the raw TCP Get channel")
-    p.add_argument("--stream-port", type=int, help="port of the raw TCP Get channel (default: any free one)")
-    p.add_argument("--token-file", help="file holding the bearer token clients must send (default: "
-                   "$TIERKV_CACHE_DIR or $XDG_RUNTIME_DIR/tierkv, /token, created 0600); or env TIERKV_TOKEN")
-    p.add_argument("--no-auth", action="store_true", default=None,
-                   help="accept calls without a token: UNSAFE beyond loopback (anyone reaching the port reads "
-                   "and writes the cache)")
-    p.add_argument("--tls-cert", help="PEM certificate: serve gRPC over TLS (with --tls-key)")
-    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    p.add_argument("--tls-client-ca", help="PEM CA: require client certificates it signed (mutual TLS)")
-    return p
-
-
-_SCALARS = [f.name for f in fields(StoreConfig) if f.name != "tiers"]
-
-
 def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> StoreConfig:
-    """The one place a StoreConfig is assembled: YAML, then TIERKV_* env, then CLI flags."""
-    env = dict(os.environ if env is None else env)
-    args = build_arg_parser().parse_args(list(argv or []))
-    path = args.config or env.get("TIERKV_CONFIG")
-    doc: dict[str, Any] = {}
-    if path:
-        try:
-            doc = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"cannot read config {path}: {e}") from e
-        if not isinstance(doc, dict):
-            raise ConfigError(f"{path}: top level must be a mapping")
-    tiers: dict[str, TierConfig] = {}
-    for t in doc.pop("tiers", []) or []:
-        tc = _tier_from_yaml(t, env)
-        tiers[tc.kind] = tc
-    scalars: dict[str, Any] = {}
-    defaults = StoreConfig(tiers=(TierConfig("cpu", 1),))
-    for name, raw in doc.items():
-        if name not in _SCALARS:
-            raise ConfigError(f"{path}: unknown key {name!r}")
-        scalars[name] = _coerce(name, raw, getattr(defaults, name))
-    for name in _SCALARS:  # env overrides
-        if (raw := env.get(f"TIERKV_{name.upper()}")) is not None:
-            scalars[name] = _coerce(name, raw, getattr(defaults, name))
-    flags = {"cpu": args.cpu, "disk": args.disk, "s3": args.s3, "redis": args.redis}
-    for kind in KINDS:
-        value = flags[kind] or env.get(f"TIERKV_{kind.upper()}")
-        if value:
-            tiers[kind] = _tier_from_flag(kind, value, env)
-    if "s3" in tiers:
-        s3 = tiers["s3"]
-        endpoint = args.s3_endpoint or env.get("TIERKV_S3_ENDPOINT") or s3.endpoint
-        cap = args.s3_capacity or env.get("TIERKV_S3_CAPACITY")
-        hits = args.s3_admit_hits if args.s3_admit_hits is not None else s3.admit_min_hits
-        tiers["s3"] = replace(
-            s3, endpoint=endpoint, admit_min_hits=hits, capacity_bytes=parse_size(cap) if cap else s3.capacity_bytes
-        )
-    if "redis" in tiers:
-        r = tiers["redis"]
-        cap = args.redis_capacity or env.get("TIERKV_REDIS_CAPACITY")
-        cluster = args.redis_cluster or _coerce("c", env.get("TIERKV_REDIS_CLUSTER", r.cluster), True)
-        tiers["redis"] = replace(r, cluster=cluster, capacity_bytes=parse_size(cap) if cap else r.capacity_bytes)
-    if not tiers:
-        cache = default_cache_dir(env)
-        tiers = {"cpu": TierConfig("cpu", 1024**3), "disk": TierConfig("disk", 10 * 1024**3, path=str(cache / "disk"))}
-    if args.eviction:
-        tiers = {k: replace(t, eviction=args.eviction) for k, t in tiers.items()}
-    for name, val in (("listen", args.listen), ("metrics_port", args.metrics_port),
-                      ("metrics_listen", args.metrics_listen)):
-        if val is not None:
-            scalars[name] = val
-    if args.shm_max_bytes is not None:
-        scalars["shm_max_bytes"] = parse_size(args.shm_max_bytes)
-    if args.no_promote:
-        scalars["promote_on_hit"] = False
-    if args.no_shm:
-        scalars["shm"] = False
-    if args.stream_port is not None:
-        scalars["stream_port"] = args.stream_port
-    if args.no_stream:
-        scalars["stream"] = False
-    for name in ("token_file", "tls_cert", "tls_key", "tls_client_ca"):
-        if (val := getattr(args, name)) is not None:
-            scalars[name] = val
-    if args.no_auth:
-        scalars["auth"] = False
-    return StoreConfig(tiers=tuple(tiers.values()), **scalars)
+    """The StoreConfig of ``kvstore serve ARGV`` under ``env`` (default os.environ): kvstore/settings.py."""
+    from kvstore.settings import load_settings  # local: settings imports this module
+
+    return load_settings(argv, env).config

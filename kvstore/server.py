@@ -24,6 +24,7 @@ from kvstore.metrics import StoreMetrics
 from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.servicer import KVStoreServicer
 from kvstore.shm_sessions import ShmSessions
+from kvstore.stats_log import StatsLogger
 from kvstore.stream_server import StreamServer
 from kvstore.tier_factory import build_store
 from tiers.errors import ConfigError
@@ -79,6 +80,7 @@ class Daemon:
             self.store.close(flush=False)
             raise ConfigError(f"cannot listen on {cfg.listen}")
         self.metrics_port = 0
+        self.stats_log = StatsLogger(self.store.stats, cfg.stats_interval_s)
         self._stopped = threading.Event()
 
     @property
@@ -97,11 +99,13 @@ class Daemon:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port)
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.stats_log.start()
 
     def stop(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self.stats_log.close()
         self.health.enter_graceful_shutdown()
         self.server.stop(self.cfg.grace_s).wait()
         if self.streams is not None:

@@ -38,6 +38,8 @@ def test_check_config_ok() -> None:
     (["serve", "--kvstore", "h:1"], {"TIERKV_CONNECTOR_LOAD_MODE": "bogus"}, "load_mode must be one of"),
     (["serve", "--kvstore", "h:1", "--kv-connector", "nope"], {}, "unknown plug-in 'nope'"),
     (["generate", "hi", "--kvstore", "nohost"], {}, "--kvstore must be HOST:PORT"),
+    (["serve", "--kv-memory", "4gb"], {}, "bad size '4gb': units are case-sensitive: write 4G or 4GB"),
+    (["serve"], {"TIERKV_ENGINE_KV_MEMORY": "512m"}, "TIERKV_ENGINE_KV_MEMORY='512m': bad size '512m'"),
 ])
 def test_bad_config_is_one_line(argv: list[str], env: dict[str, str], needle: str) -> None:
     # without --check-config too: the check runs before the model loads
@@ -56,3 +58,19 @@ def test_host_port() -> None:
     assert host_port("[::1]:8000", "--listen") == ("::1", 8000)
     with pytest.raises(ConfigError, match="--listen"):
         host_port("host:99999", "--listen")
+
+
+def test_sizes_unknown_variables_version_and_help() -> None:
+    """Kubernetes sizes from flag and env; a misspelt TIERKV_* variable warned with the closest name while
+    the daemon's and the connector's are not; --version; --help names each flag's default and variable."""
+    r = kvengine("serve", "--no-blend", "--check-config", TIERKV_ENGINE_KV_MEMORY="2G", TIERKV_ENGIN_PAGE_SIZE="8",
+                 TIERKV_CPU="1Gi", TIERKV_CONNECTOR_LOAD_MODE="auto")
+    assert r.returncode == 0, r.stderr
+    assert "kv_memory=2000000000" in r.stdout and "page_size=16" in r.stdout
+    warnings = [line for line in r.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "unknown environment variable TIERKV_ENGIN_PAGE_SIZE ignored (did you mean TIERKV_ENGINE_PAGE_SIZE?)")
+    r = kvengine("--version")
+    assert r.returncode == 0 and r.stdout.startswith("kvengine ")
+    text = " ".join(kvengine("serve", "--help").stdout.split())
+    assert "(default: 512Mi; env TIERKV_ENGINE_KV_MEMORY)" in text and "(default: 16; env TIERKV_ENGINE_PAGE_SIZE)" in text

@@ -1,0 +1,61 @@
+"""Every ``TIERKV_*`` variable some tierkv program reads, so each CLI can warn about the others.
+
+Daemon and engine often share a shell (and a compose file's ``x-`` anchors), so ``kvstore serve``
+must not warn about ``TIERKV_ENGINE_KV_MEMORY`` and ``kvengine`` must not warn about
+``TIERKV_CPU``; a misspelt one (``TIERKV_CPUS``) is warned by both, with the closest real name.
+Names come from the programs themselves: the daemon's option table and StoreConfig fields, the
+clients' variables (kvstore/auth.py), and the ``PREFIX_FIELD`` dataclasses of engine/env.py's users
+(imported only when a variable with their prefix is set: the CacheBlend one imports torch).
+A new variable read outside these places belongs in EXTRA.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Mapping
+from dataclasses import fields
+
+PREFIX = "TIERKV_"
+CLIENT = ("TIERKV_TOKEN", "TIERKV_TOKEN_FILE", "TIERKV_TLS_CA", "TIERKV_CLIENT_CERT", "TIERKV_CLIENT_KEY",
+          "TIERKV_CACHE_DIR")  # kvstore/auth.py (every client and the daemon)
+EXTRA = ("TIERKV_CONFIG", "TIERKV_CONNECTOR_CALIBRATION", "TIERKV_GPU_CHECK_MODEL")
+# prefix -> (module, dataclass, fields not read from the environment): engine/env.py's env_overrides users
+PREFIXED = {
+    "TIERKV_ENGINE_": ("engine.config", "EngineConfig", ()),
+    "TIERKV_CONNECTOR_": ("connector.config", "ConnectorConfig", ("address", "prefill_coeffs", "use_shm")),
+    "TIERKV_BLEND_": ("connector.blend.hook", "BlendConfig", ("recompute",)),
+}
+
+
+def daemon_names() -> set[str]:
+    from kvstore.config import StoreConfig
+    from kvstore.options import OPTIONS
+
+    return {o.env for o in OPTIONS} | {f"{PREFIX}{f.name.upper()}" for f in fields(StoreConfig) if f.name != "tiers"}
+
+
+def known(environ: Mapping[str, str]) -> set[str]:
+    """The names any tierkv program reads (each prefixed family loaded only if ``environ`` uses it)."""
+    names = daemon_names() | set(CLIENT) | set(EXTRA)
+    for prefix, (module, cls, skip) in PREFIXED.items():
+        if any(v.startswith(prefix) for v in environ):
+            dc = getattr(importlib.import_module(module), cls)
+            names |= {f"{prefix}{f.name.upper()}" for f in fields(dc) if f.name not in skip}
+    return names
+
+
+def unknown(environ: Mapping[str, str]) -> list[str]:
+    """One warning line per ``TIERKV_*`` variable no tierkv program reads, with the closest real name."""
+    ours = sorted(v for v in environ if v.startswith(PREFIX))
+    if not ours:
+        return []
+    names = known(environ)
+    if stray := [v for v in ours if v not in names]:
+        names |= known(dict.fromkeys(PREFIXED, ""))  # near misses of a family not in use: TIERKV_ENGIN_X
+    lines = []
+    for var in stray:
+        match = difflib.get_close_matches(var, sorted(names), n=1, cutoff=0.75)
+        hint = f" (did you mean {match[0]}?)" if match else ""
+        lines.append(f"unknown environment variable {var} ignored{hint}")
+    return lines
