@@ -59,11 +59,12 @@ def stream_daemon(**stream_opts: float) -> Iterator[StreamDaemon]:
     sessions = ShmSessions()
     streams = StreamServer(store, "127.0.0.1", **stream_opts)  # type: ignore[arg-type]
     server = grpc.server(ThreadPoolExecutor(max_workers=8), options=grpc_options(cfg))
-    pb_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, cfg, sessions, streams), server)  # type: ignore[arg-type]
+    servicer = KVStoreServicer(store, cfg, sessions, streams)  # type: ignore[arg-type]
+    pb_grpc.add_KVStoreServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     streams.start()
-    d = StreamDaemon(store, sessions, f"127.0.0.1:{port}", server)
+    d = StreamDaemon(store, sessions, f"127.0.0.1:{port}", server, servicer)  # type: ignore[arg-type]
     d.streams = streams
     try:
         yield d
