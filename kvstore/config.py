@@ -109,7 +109,7 @@ class StoreConfig:
     tls_cert: str = ""  # PEM files: serve gRPC over TLS ...
     tls_key: str = ""
     tls_client_ca: str = ""  # ... and require client certificates signed by this CA (mutual TLS)
-    min_block_bytes: int = 64 * 1024  # the smallest KV block (one page of the smallest model): a tier below it is refused
+    min_block_bytes: int = 4 * 1024  # no KV page is smaller (16 tokens x 1 layer x K,V x 64 dims x fp16): a tier below it is refused
     stats_interval_s: float = 60.0  # log a one-line stats summary this often (0 = never)
 
     def __post_init__(self) -> None:
