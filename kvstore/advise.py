@@ -116,7 +116,7 @@ def advise(trace: Trace, target: float = 0.8, cost: CostFigures | None = None, e
     if not refs.total_demands:
         raise TraceError("the trace holds no gets and no new puts: nothing to size (was traffic running?)")
     rate = sampling_rate(len(refs), exact_limit, max_samples)
-    sample = refs.sample(rate) if rate < 1 else refs
+    sample = refs.sample(rate, hot=False) if rate < 1 else refs  # a miniature simulation needs one rate
     top = lru_curve(refs, rate)
     sizes: dict[int, int] = dict(zip(refs.keys.tolist(), refs.sizes.tolist(), strict=True))
     working_set = float(sum(sizes.values()))

@@ -61,17 +61,14 @@ class _Chain:
 
 
 def chain_hits(refs: References, capacities: Sequence[float], promote: bool = True, rate: float = 1.0) -> np.ndarray:
-    """Hit ratio of each level (share of all demands it served) for a chain of ``capacities``.
+    """Hit ratio of each level (share of the demands it served) for a chain of ``capacities``.
 
-    ``refs`` sampled at ``rate``: capacities are scaled by it and demands counted against the
-    expected number (the shortfall counted as top-tier hits, as SHARDS_adj does)."""
+    ``refs`` a uniform hash sample at ``rate`` (``References.sample(rate, hot=False)``): the
+    capacities are scaled by it, as a miniature simulation does."""
     chain = _Chain([c * rate for c in capacities], promote)
     hits = np.zeros(len(capacities))
     for k, s, d in zip(refs.keys.tolist(), refs.sizes.tolist(), refs.demand.tolist(), strict=True):
         level = chain.access(k, s)
         if d and level is not None:
             hits[level] += 1
-    if rate < 1.0:
-        hits[0] += refs.total_demands * rate - int(refs.demand.sum())
-        hits /= rate
-    return np.clip(hits / max(refs.total_demands, 1.0), 0.0, 1.0)
+    return hits / max(int(refs.demand.sum()), 1)
