@@ -69,7 +69,7 @@ def run_trace(w: Workload, fractions: Sequence[float], target_share: float = 0.9
         points.append({"chain": "cpu", "cpu": c, "what": "hit", "model": float(curve.hit_ratio(c)),
                        "replay": r.hit_ratio()})  # fmt: skip
         r2 = replay(w, [cpu, c])
-        model = chain_hits(refs, [cpu, c], trace.promote_on_hit)
+        model = chain_hits(refs, [cpu, c])
         points.append({"chain": "cpu+disk", "cpu": cpu, "disk": c, "what": "cpu hit", "model": float(model[0]),
                        "replay": r2.hit_ratio(0)})  # fmt: skip
         points.append({"chain": "cpu+disk", "cpu": cpu, "disk": c, "what": "total hit", "model": float(model.sum()),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,10 @@ import numpy as np
 
 from connector.cost_model import DEFAULT_TIERS
 from kvstore.mrc import Curve, References, lru_curve, references, sampling_rate
-from kvstore.mrc_chain import chain_hits
+from kvstore.mrc_chain import level_model
 from kvstore.trace import Trace, TraceError
 
-GRID_POINTS = 24
+GRID_POINTS = 16
 
 
 @dataclass(frozen=True)
@@ -90,12 +90,7 @@ class Advice:
         return asdict(self)
 
 
-def _chain_curve(refs: References, upper: Sequence[int], caps: Sequence[float], rate: float,
-                 promote: bool) -> list[float]:  # fmt: skip
-    return [float(chain_hits(refs, [*upper, c], promote, rate).sum()) for c in caps]
-
-
-def _smallest(fn: Any, lo: float, hi: float, target: float, steps: int = 12) -> float:
+def _smallest(fn: Any, lo: float, hi: float, target: float, steps: int = 8) -> float:
     """Smallest x in [lo, hi] with fn(x) >= target, by bisection (fn(hi) >= target)."""
     for _ in range(steps):
         mid = (lo + hi) / 2
@@ -123,13 +118,14 @@ def advise(trace: Trace, target: float = 0.8, cost: CostFigures | None = None, e
     page = float(refs.sizes[refs.demand].mean())
     notes = [f"tier {t.name} evicts by {t.eviction}: its curve is LRU's, an estimate"
              for t in trace.tiers if t.eviction.lower() != "lru"]  # fmt: skip
+    if not trace.promote_on_hit:
+        notes.append("the daemon does not promote lower hits: the curves below the top assume it does (an estimate)")
     if trace.overwritten:
         notes.append(f"the ring overwrote {trace.overwritten} older records: the curve covers the latest window")
     tiers = [_top_advice(trace.tiers[0].name, trace.tiers[0].capacity_bytes, top, target, working_set, cost, page)]
     upper = [trace.tiers[0].capacity_bytes]
     for t in trace.tiers[1:]:
-        tiers.append(_lower_advice(t.name, t.capacity_bytes, sample, upper, rate, trace.promote_on_hit, target,
-                                   working_set, cost, page))  # fmt: skip
+        tiers.append(_lower_advice(t.name, t.capacity_bytes, sample, upper, rate, target, working_set, cost, page))
         upper.append(t.capacity_bytes)
     return Advice(target, len(refs), int(refs.total_demands), trace.duration_s, rate, top.error, top.max_hit_ratio,
                   page, tiers, notes)  # fmt: skip
@@ -146,15 +142,13 @@ def _top_advice(name: str, configured: int, curve: Curve, target: float, working
     return TierAdvice(name, configured, now, None if rec is None else math.ceil(rec), then, saved, points)
 
 
-def _lower_advice(name: str, configured: int, refs: References, upper: list[int], rate: float, promote: bool,
-                  target: float, working_set: float, cost: CostFigures, page: float) -> TierAdvice:  # fmt: skip
+def _lower_advice(name: str, configured: int, refs: References, upper: list[int], rate: float, target: float,
+                  working_set: float, cost: CostFigures, page: float) -> TierAdvice:  # fmt: skip
     hi = max(working_set, float(configured))
 
-    def hit(c: float) -> float:
-        return _chain_curve(refs, upper, [c], rate, promote)[0]
-
+    hit = level_model(refs, upper, rate).hit_ratio
     grid = np.linspace(0, hi * 1.05, GRID_POINTS)
-    values = _chain_curve(refs, upper, grid, rate, promote)
+    values = [hit(c) for c in grid]
     now = hit(configured)
     rec: float | None
     if values[0] >= target:

@@ -138,7 +138,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             total += s.size
         if total > self.cfg.max_batch_bytes:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch of {total} bytes is over the limit")
-        held = [t is not None for t in self.store.lookup([s.key for s in specs]).tiers]
+        held = [t is not None for t in self.store.lookup([s.key for s in specs], traced=False).tiers]
         bufs: list[bytearray | bytes | None] = [None] * len(specs)
         got = [0] * len(specs)
         commit = None

@@ -124,8 +124,9 @@ class TieredStore:
         """The largest block any level can hold; larger puts raise BlockTooLarge."""
         return max(lv.capacity for lv in self.levels)
 
-    def lookup(self, keys: Sequence[bytes]) -> LookupResult:
-        """How many leading keys are present (contiguously), and the tier holding each key."""
+    def lookup(self, keys: Sequence[bytes], traced: bool = True) -> LookupResult:
+        """How many leading keys are present (contiguously), and the tier holding each key.
+        ``traced=False``: the daemon's own check, kept out of the access trace."""
         names: list[str | None] = []
         with self._lock:
             self._check_open()
@@ -133,7 +134,7 @@ class TieredStore:
                 job = self._pending.get(k)  # on its way down: report the level it is leaving
                 loc = job.target - 1 if job is not None else self._state.first_level(k)
                 names.append(None if loc is None else self.levels[loc].name)
-                if (access := self.access) is not None:
+                if traced and (access := self.access) is not None:
                     access(OP_LOOKUP, k, 0, loc)
         for lv in self.levels:
             missing = [i for i, n in enumerate(names) if n is None]
