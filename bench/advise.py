@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -94,11 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="three sizes per chain (< 2 min)")
     args = ap.parse_args(argv)
     fractions = (0.15, 0.4, 0.8) if args.quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2)
+    from bench.e2e_support import git_revision  # (imports torch: kept out of the figures' import)
+
+    machine = {"cpu_count": os.cpu_count(), "git_revision": git_revision(), "loadavg_start": list(os.getloadavg())}
     t0 = time.perf_counter()
     traces = []
     for w in all_workloads():
         traces.append(run_trace(w, fractions))
-    out = figures(traces) | {"seconds": round(time.perf_counter() - t0, 1), "quick": args.quick, "per_trace": traces}
+    machine["loadavg_end"] = list(os.getloadavg())
+    out = figures(traces) | {"seconds": round(time.perf_counter() - t0, 1), "quick": args.quick, "machine": machine,
+                             "per_trace": traces}  # fmt: skip
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(json.dumps({k: v for k, v in out.items() if k != "per_trace"}))
     return 0
