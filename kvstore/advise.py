@@ -120,6 +120,8 @@ def advise(trace: Trace, target: float = 0.8, cost: CostFigures | None = None, e
              for t in trace.tiers if t.eviction.lower() != "lru"]  # fmt: skip
     if not trace.promote_on_hit:
         notes.append("the daemon does not promote lower hits: the curves below the top assume it does (an estimate)")
+    if rate < 1 and len(trace.tiers) > 1:
+        notes.append(f"tiers below the top: simulated on a uniform sample at rate {rate:.3g}, their error is not stated")
     if trace.overwritten:
         notes.append(f"the ring overwrote {trace.overwritten} older records: the curve covers the latest window")
     tiers = [_top_advice(trace.tiers[0].name, trace.tiers[0].capacity_bytes, top, target, working_set, cost, page)]

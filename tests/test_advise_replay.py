@@ -14,7 +14,7 @@ from kvstore.advise import CostFigures, advise
 from kvstore.cli import main
 from kvstore.mrc import lru_curve, references
 from kvstore.mrc_chain import chain_hits
-from kvstore.trace import TraceError, read_trace
+from kvstore.trace import OP_LOOKUP, TraceError, TraceRecorder, read_trace, write_trace
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,12 @@ def test_bad_input_is_one_line(traced: tuple[Path, int], tmp_path: Path, capsys:
     path, _ = traced
     bad = tmp_path / "bad.kvtrace"
     bad.write_bytes(b"TKVTRACE")
+    rec = TraceRecorder(4)
+    rec(OP_LOOKUP, b"k", 0, None)
+    write_trace(tmp_path / "idle.kvtrace", {"tiers": [{"name": "cpu", "capacity_bytes": 1 << 20}]}, rec.records())
     for argv in (["advise", str(bad)], ["advise", str(path), "--target-hit-rate", "1.5"],
-                 ["advise", str(path), "--cost", str(tmp_path / "absent.json")]):  # fmt: skip
+                 ["advise", str(path), "--cost", str(tmp_path / "absent.json")],
+                 ["advise", str(tmp_path / "idle.kvtrace")]):  # fmt: skip
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("kvstore: ") and err.count("\n") == 1, err
