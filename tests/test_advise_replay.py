@@ -63,6 +63,10 @@ def test_saved_time_follows_the_cost_figures(tmp_path: Path) -> None:
     c = CostFigures.load(cost_file)
     assert c.saved_s_per_page("disk", 10_000) == pytest.approx(10 * 0.001 - 0.01)  # loading costs what it saves
     assert c.saved_s_per_page("cpu", 10_000) == pytest.approx(0.01 - 10_000 / 2e9)  # defaults kept for the rest
+    with pytest.raises(TraceError, match="bytes_per_s > 0"):
+        CostFigures(tiers={"disk": (0.001, 0.0)})
+    with pytest.raises(TraceError, match="must be > 0"):
+        CostFigures(prefill_s_per_token=0)
     cost_file.write_text(json.dumps({"prefill_s_per_tok": 1}))
     with pytest.raises(TraceError, match="expected a JSON object with keys"):
         CostFigures.load(cost_file)
