@@ -1,7 +1,9 @@
 """``kvstore serve [flags]`` runs the daemon (``--check-config``: validate and exit);
 ``kvstore stats --address ADDR [--json] [--watch S]`` prints per-tier statistics; ``kvstore health
---address ADDR`` exits 0 when the daemon answers SERVING on gRPC health (container health checks).
-A bad value anywhere is one line on stderr and exit 2; ``--version`` prints the package version."""
+--address ADDR`` exits 0 when the daemon answers SERVING on gRPC health (container health checks);
+``kvstore trace start|stop`` records the daemon's accesses to a file and ``kvstore advise TRACE``
+sizes each tier from it (kvstore/advise.py). A bad value anywhere is one line on stderr and exit 2;
+``--version`` prints the package version."""
 
 from __future__ import annotations
 
@@ -69,6 +71,21 @@ def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None
     return 0 if ok else 1
 
 
+def trace_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvstore.client import KVStoreClient
+
+    with KVStoreClient(args.address, deadline_s=args.deadline, use_shm=False, auth=_client_auth(args)) as c:
+        if args.action == "start":  # a relative --out is relative to where the command runs
+            path = c.trace_start(str(Path(args.out).absolute()) if args.out else "", args.max_records)
+            print(f"tracing to {path} (written at `kvstore trace stop`)")
+        else:
+            path, records, overwritten = c.trace_stop()
+            print(f"wrote {records} records to {path}" + (f" ({overwritten} older ones overwritten)" if overwritten else ""))
+    return 0
+
+
 def describe(cfg: StoreConfig) -> str:
     """One line per tier (secrets masked by TierConfig's repr) for --check-config."""
     lines = [f"listen {cfg.listen}" + (f", metrics {cfg.metrics_listen}" if cfg.metrics_listen else "")]
@@ -119,7 +136,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     health_p.add_argument("--deadline", type=float, default=3.0, help="seconds to wait for the daemon")
     stats_p.add_argument("--token-file", help="bearer token file (default: TIERKV_TOKEN, TIERKV_TOKEN_FILE, "
                          "then the daemon's default token file on this machine)")
-    for p in (stats_p, health_p):
+    trace_p = sub.add_parser("trace", help="start or stop recording the daemon's accesses (for `kvstore advise`)")
+    trace_p.add_argument("action", choices=("start", "stop"))
+    trace_p.add_argument("--out", help="trace file on the daemon's host (start; default: a new file in its cache dir)")
+    trace_p.add_argument("--max-records", type=int, default=0,
+                         help="ring size: older records are overwritten (start; default 1000000, 24 bytes each)")
+    trace_p.add_argument("--address", default="127.0.0.1:50551", help="the daemon's HOST:PORT")
+    trace_p.add_argument("--deadline", type=float, default=30.0, help="seconds to wait for the daemon")
+    trace_p.add_argument("--token-file", help="bearer token file (as for stats)")
+    advise_p = sub.add_parser("advise", help="miss-ratio curves and tier sizes from a trace")
+    from kvstore.advise_report import add_arguments
+
+    add_arguments(advise_p)
+    for p in (stats_p, health_p, trace_p):
         p.add_argument("--tls-ca", help="PEM CA of the daemon's certificate (TLS; env TIERKV_TLS_CA)")
         p.add_argument("--tls-cert", help="PEM client certificate (mutual TLS; env TIERKV_CLIENT_CERT)")
         p.add_argument("--tls-key", help="PEM key of --tls-cert (env TIERKV_CLIENT_KEY)")
@@ -130,6 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return print_stats(args.address, args.deadline, _client_auth(args), args.json, args.watch)
         if args.cmd == "health":
             return check_health(args.address, args.deadline, _client_auth(args))
+        if args.cmd == "trace":
+            return trace_command(args)
+        if args.cmd == "advise":
+            from kvstore.advise_report import run
+
+            return run(args)
         return _serve(argv, args)
     except (KVStoreError, TierKVError) as e:
         for line in str(e).splitlines() or [type(e).__name__]:

@@ -193,6 +193,16 @@ class KVStoreClient:
         tiers = [TierStats(**{f: getattr(t, f) for f in TierStats._fields}) for t in r.tiers]
         return StoreStats(tiers, r.pending_blocks, r.pending_bytes)
 
+    def trace_start(self, out: str = "", max_records: int = 0) -> str:
+        """Start the daemon's access trace (kvstore/trace.py); returns the file ``trace_stop`` writes."""
+        req = pb.TraceStartRequest(out=out, max_records=max_records)
+        return self._call(lambda: self._stub.TraceStart(req, timeout=self.deadline_s)).path
+
+    def trace_stop(self) -> tuple[str, int, int]:
+        """Stop the trace and write its file: (path, records, records the ring overwrote)."""
+        r = self._call(lambda: self._stub.TraceStop(pb.TraceStopRequest(), timeout=self.deadline_s))
+        return r.path, int(r.records), int(r.overwritten)
+
     def put(self, key: bytes, block: Buffer) -> bool:
         return self.put_many([(key, block)])[0]
 

@@ -16,13 +16,14 @@ from collections.abc import Iterator
 import grpc
 
 from kvstore.block import MAX_KEY_LEN, decode_block
-from kvstore.config import StoreConfig
+from kvstore.config import StoreConfig, default_cache_dir
 from kvstore.errors import BlockFormatError, ChecksumError, ResourceExhausted, ShmSessionLost, StoreClosed
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.shm_sessions import Session, ShmSessions
 from kvstore.stream_server import MAX_KEYS, StreamServer
 from kvstore.tiered_store import TieredStore
+from kvstore.trace import TraceControl, TraceError
 from kvstore.transfer import align
 from tiers.errors import BlockTooLarge
 
@@ -47,6 +48,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions,
                  streams: StreamServer | None = None) -> None:  # fmt: skip
         self.store, self.cfg, self.sessions, self.streams = store, config, sessions, streams
+        self.trace = TraceControl(store, default_cache_dir() / "traces")
 
     def _run(self, context: grpc.ServicerContext, fn):  # type: ignore[no-untyped-def]
         try:
@@ -57,6 +59,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except StoreClosed as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except TraceError as e:  # the client raises it as InvalidRequest, with this message
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     # -- unary calls ---------------------------------------------------------------------
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
@@ -105,6 +109,17 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if token is None:
             return pb.OpenStreamResponse(ok=False, reason=f"stream channel at its limit of {self.streams.max_conns}")
         return pb.OpenStreamResponse(ok=True, port=self.streams.port, token=token)
+
+    def TraceStart(self, request: pb.TraceStartRequest, context: grpc.ServicerContext) -> pb.TraceStartResponse:
+        return self._run(context, lambda: pb.TraceStartResponse(
+            path=self.trace.start(request.out, request.max_records)))
+
+    def TraceStop(self, request: pb.TraceStopRequest, context: grpc.ServicerContext) -> pb.TraceStopResponse:
+        def go() -> pb.TraceStopResponse:
+            path, records, overwritten = self.trace.stop()
+            return pb.TraceStopResponse(path=path, records=records, overwritten=overwritten)
+
+        return self._run(context, go)
 
     # -- Put (client-streamed, two-phase) ------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:

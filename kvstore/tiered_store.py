@@ -22,6 +22,8 @@ Why this shape:
 - A block read below the top is verified (``block_fault``) before it is served or promoted; a
   bad one is deleted from that tier, reported to the observer and is a miss there (the top holds
   only blocks the daemon validated on their way in).
+- ``access`` (None unless a trace runs, kvstore/trace.py) is told of every get, put and lookup
+  key with the index of the level that held it: one ``is None`` test per call when off.
 - Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
   run a view points into until the view is dropped, queued blocks are immutable, lower tiers
   return copies.
@@ -41,6 +43,7 @@ from kvstore.level import Level, LevelOptions
 from kvstore.spiller import Spiller
 from kvstore.store_state import Job, StoreState, frozen_copy
 from kvstore.store_types import LookupResult, Observer, StoreStats, TierStats
+from kvstore.trace import OP_GET, OP_LOOKUP, OP_PUT, AccessObserver
 from tiers.base import Buffer, Tier
 from tiers.errors import BlockTooLarge
 
@@ -68,6 +71,7 @@ class TieredStore:
         self._pending = self._state.pending
         self._hits = self._state.hits
         self._closed = False
+        self.access: AccessObserver | None = None  # set while a trace runs (kvstore/trace.py)
         for lv in self.levels:
             lv.rebuild()
         self._spill = Spiller(self._state, spill_queue_bytes)
@@ -81,8 +85,13 @@ class TieredStore:
             if len(data) > self.max_block_bytes:
                 raise BlockTooLarge(f"block of {len(data)} bytes exceeds every tier")
             if self._state.holds(key):
+                if (access := self.access) is not None:
+                    job = self._pending.get(key)
+                    access(OP_PUT, key, len(data), job.target - 1 if job else self._state.first_level(key))
                 return False
             jobs = self._insert_top(key, data)
+            if (access := self.access) is not None:
+                access(OP_PUT, key, len(data), None)
             jobs += [Job(key, frozen_copy(data), i, False) for i, lv in enumerate(self.levels) if i > 0
                      and lv.options.write_through and lv.available() and key not in lv.index]  # fmt: skip
         self._spill.submit(jobs)
@@ -97,12 +106,17 @@ class TieredStore:
         deleted or evicted meanwhile (its source is pinned).
         """
         result: list[T] = []
+        size = 0
 
         def consume(mv: memoryview) -> None:
+            nonlocal size
+            size = mv.nbytes
             result.append(sink(mv))
 
-        found = self._find(key, consume)
-        return result[0] if found else None
+        level = self._find(key, consume)
+        if (access := self.access) is not None:
+            access(OP_GET, key, size, level)
+        return result[0] if level is not None else None
 
     def get(self, key: bytes) -> bytes | None:
         return self.read(key, bytes)
@@ -115,7 +129,8 @@ class TieredStore:
     def lookup(self, keys: Sequence[bytes], read: bool = True) -> LookupResult:
         """How many leading keys are present (contiguously), the tier holding each key, and for an
         absent key the tier that evicted it lately (kvstore/ghosts.py). ``read``: a reader's lookup,
-        counted in ``lookup_counts`` (a writer checking what is held passes False)."""
+        counted in ``lookup_counts`` and the access trace (a writer checking what is held passes
+        False)."""
         names: list[str | None] = []
         with self._lock:
             self._check_open()
@@ -123,6 +138,8 @@ class TieredStore:
                 job = self._pending.get(k)  # on its way down: report the level it is leaving
                 loc = job.target - 1 if job is not None else self._state.first_level(k)
                 names.append(None if loc is None else self.levels[loc].name)
+                if read and (access := self.access) is not None:
+                    access(OP_LOOKUP, k, 0, loc)
         for lv in self.levels:
             missing = [i for i, n in enumerate(names) if n is None]
             if not missing or not lv.options.shared or not lv.available():
@@ -237,8 +254,9 @@ class TieredStore:
         self._obs.write(top.name, len(data), time.perf_counter() - t0)
         return jobs
 
-    def _find(self, key: bytes, consume: Callable[[memoryview], None]) -> bool:
-        """Read ``key`` from the fastest level holding it; falls through on tier errors and bad blocks.
+    def _find(self, key: bytes, consume: Callable[[memoryview], None]) -> int | None:
+        """Read ``key`` from the fastest level holding it (-> that level's index, None on a miss);
+        falls through on tier errors and bad blocks.
 
         Bookkeeping happens under the lock, ``consume`` runs without it (see the module notes).
         """
@@ -267,10 +285,10 @@ class TieredStore:
                     self._obs.read(top.name, len(top_view), time.perf_counter() - t0)
             if job is not None:
                 consume(memoryview(job.value))
-                return True
+                return job.target - 1
             if loc == 0:
                 consume(memoryview(top_view))
-                return True
+                return 0
             assert loc is not None
             lv = self.levels[loc]
             t0 = time.perf_counter()
@@ -288,10 +306,10 @@ class TieredStore:
                 continue
             self._after_lower_hit(loc, key, data, from_index=True)
             consume(memoryview(data))
-            return True
+            return loc
         return self._find_shared(key, consume)
 
-    def _find_shared(self, key: bytes, consume: Callable[[memoryview], None]) -> bool:
+    def _find_shared(self, key: bytes, consume: Callable[[memoryview], None]) -> int | None:
         """Ask shared levels directly: other nodes may have written the block."""
         for i, lv in enumerate(self.levels):
             if not lv.options.shared or not lv.available() or i == 0:
@@ -300,11 +318,11 @@ class TieredStore:
             if raw is not None and self._intact(lv, key, data := bytes(raw)):
                 self._after_lower_hit(i, key, data, from_index=False)
                 consume(memoryview(data))
-                return True
+                return i
         with self._lock:
             for lv in self.levels:
                 lv.counters.misses += 1
-        return False
+        return None
 
     def _intact(self, lv: Level, key: bytes, data: bytes) -> bool:
         """Verify a block read from a level below the top; delete it from that tier if it is bad.

@@ -243,3 +243,31 @@ class OpenStreamResponse(_message.Message):
     token: bytes
     reason: str
     def __init__(self, ok: _Optional[bool] = ..., port: _Optional[int] = ..., token: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class TraceStartRequest(_message.Message):
+    __slots__ = ("out", "max_records")
+    OUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    out: str
+    max_records: int
+    def __init__(self, out: _Optional[str] = ..., max_records: _Optional[int] = ...) -> None: ...
+
+class TraceStartResponse(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class TraceStopRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TraceStopResponse(_message.Message):
+    __slots__ = ("path", "records", "overwritten")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITTEN_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    records: int
+    overwritten: int
+    def __init__(self, path: _Optional[str] = ..., records: _Optional[int] = ..., overwritten: _Optional[int] = ...) -> None: ...

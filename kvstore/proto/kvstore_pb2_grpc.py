@@ -74,6 +74,16 @@ class KVStoreStub:
                 request_serializer=kvstore__pb2.OpenStreamRequest.SerializeToString,
                 response_deserializer=kvstore__pb2.OpenStreamResponse.FromString,
                 _registered_method=True)
+        self.TraceStart = channel.unary_unary(
+                '/tierkv.kvstore.v1.KVStore/TraceStart',
+                request_serializer=kvstore__pb2.TraceStartRequest.SerializeToString,
+                response_deserializer=kvstore__pb2.TraceStartResponse.FromString,
+                _registered_method=True)
+        self.TraceStop = channel.unary_unary(
+                '/tierkv.kvstore.v1.KVStore/TraceStop',
+                request_serializer=kvstore__pb2.TraceStopRequest.SerializeToString,
+                response_deserializer=kvstore__pb2.TraceStopResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -134,6 +144,20 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceStart(self, request, context):
+        """Record every access (key hash, size, op, tier, time) into a bounded ring until TraceStop,
+        which writes it to a file on the daemon's host (format: kvstore/trace.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TraceStop(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +200,16 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.OpenStream,
                     request_deserializer=kvstore__pb2.OpenStreamRequest.FromString,
                     response_serializer=kvstore__pb2.OpenStreamResponse.SerializeToString,
+            ),
+            'TraceStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceStart,
+                    request_deserializer=kvstore__pb2.TraceStartRequest.FromString,
+                    response_serializer=kvstore__pb2.TraceStartResponse.SerializeToString,
+            ),
+            'TraceStop': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceStop,
+                    request_deserializer=kvstore__pb2.TraceStopRequest.FromString,
+                    response_serializer=kvstore__pb2.TraceStopResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +428,60 @@ class KVStore:
             '/tierkv.kvstore.v1.KVStore/OpenStream',
             kvstore__pb2.OpenStreamRequest.SerializeToString,
             kvstore__pb2.OpenStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tierkv.kvstore.v1.KVStore/TraceStart',
+            kvstore__pb2.TraceStartRequest.SerializeToString,
+            kvstore__pb2.TraceStartResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceStop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tierkv.kvstore.v1.KVStore/TraceStop',
+            kvstore__pb2.TraceStopRequest.SerializeToString,
+            kvstore__pb2.TraceStopResponse.FromString,
             options,
             channel_credentials,
             insecure,
