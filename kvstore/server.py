@@ -27,6 +27,7 @@ from kvstore.shm_sessions import ShmSessions
 from kvstore.stats_log import StatsLogger
 from kvstore.stream_server import StreamServer
 from kvstore.tier_factory import build_store
+from kvstore.trace_curves import LatestCurves
 from tiers.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class Daemon:
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
                                   interceptors=checks)
         servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
+        self.dashboard.curves = LatestCurves()  # the last trace's curve on /dashboard
+        servicer.on_trace_written = self.dashboard.curves.update
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if token is None and not cfg.listen.startswith(("127.", "localhost:", "[::1]:")):

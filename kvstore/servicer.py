@@ -11,7 +11,7 @@ with a clear status and nothing stored.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -49,6 +49,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                  streams: StreamServer | None = None) -> None:  # fmt: skip
         self.store, self.cfg, self.sessions, self.streams = store, config, sessions, streams
         self.trace = TraceControl(store, default_cache_dir() / "traces")
+        self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
     def _run(self, context: grpc.ServicerContext, fn):  # type: ignore[no-untyped-def]
         try:
@@ -117,6 +118,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def TraceStop(self, request: pb.TraceStopRequest, context: grpc.ServicerContext) -> pb.TraceStopResponse:
         def go() -> pb.TraceStopResponse:
             path, records, overwritten = self.trace.stop()
+            if self.on_trace_written is not None:
+                self.on_trace_written(path)
             return pb.TraceStopResponse(path=path, records=records, overwritten=overwritten)
 
         return self._run(context, go)
