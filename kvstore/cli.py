@@ -1,6 +1,7 @@
 """``kvstore serve [flags]`` runs the daemon (``--check-config``: validate and exit);
 ``kvstore stats --address ADDR`` prints a table; ``kvstore health --address ADDR`` exits 0 when the
-daemon answers SERVING on gRPC health (container health checks)."""
+daemon answers SERVING on gRPC health (container health checks), and names the tiers that are
+detached (the daemon serves degraded: still exit 0, see kvstore/health.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 from kvstore import auth
 from kvstore.auth import ClientAuth
-from kvstore.config import StoreConfig, build_arg_parser, load_config
+from kvstore.config import KINDS, StoreConfig, build_arg_parser, load_config
 from kvstore.errors import KVStoreError
 from tiers.errors import TierKVError
 
@@ -36,10 +37,12 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None)
 
     with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
         st = c.stats()
-    cols = ("tier", "used", "capacity", "blocks", "hits", "misses", "evict", "spills", "promo", "dropped", "errors", "up")
+    cols = ("tier", "used", "capacity", "blocks", "hits", "misses", "evict", "spills", "promo", "dropped", "errors",
+            "refused", "state", "detach", "attach", "skipped")  # fmt: skip
     rows = [
         (t.name, _fmt_bytes(t.used_bytes), _fmt_bytes(t.capacity_bytes), t.blocks, t.hits, t.misses, t.evictions,
-         t.spills, t.promotions, t.dropped, t.errors, "yes" if t.available else "NO")
+         t.spills, t.promotions, t.dropped, t.errors, t.refused, "attached" if t.available else "DETACHED",
+         t.detaches, t.attaches, t.skipped_writes)
         for t in st.tiers
     ]  # fmt: skip
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
@@ -54,10 +57,12 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None)
 
 def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
     from kvstore.client import KVStoreClient
+    from kvstore.health import TIER_SERVICE
 
     with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
         ok = c.health()
-    print("SERVING" if ok else "NOT SERVING")
+        detached = [k for k in KINDS if ok and c.health_status(TIER_SERVICE + k) == "NOT_SERVING"]
+    print(("SERVING" if ok else "NOT SERVING") + (f" (degraded: {', '.join(detached)} detached)" if detached else ""))
     return 0 if ok else 1
 
 
