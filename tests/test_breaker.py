@@ -71,7 +71,8 @@ def test_detached_after_consecutive_errors_then_probed_back(own_redis: RedisServ
             s.put(_k(i), _v(i))
         s.flush()
         own_redis.stop()
-        for i in range(4):  # k0, k1 live only in redis now: each read asks it, until it is detached
+        assert s.get(_k(0)) is None and _redis(s).errors == 1  # asked once (not again as a shared tier)
+        for i in range(1, 4):  # k0, k1 live only in redis now: each read asks it, until it is detached
             assert s.get(_k(i % 2)) is None
         st = _redis(s)
         assert not st.available and st.detaches == 1 and st.errors == 3
@@ -105,6 +106,22 @@ def test_one_success_between_errors_keeps_the_tier(own_redis: RedisServer) -> No
             assert s.get(_k(3)) is None  # answered: a miss
         st = _redis(s)
         assert st.available and st.errors == 6 and st.detaches == 0
+
+
+def test_a_failed_read_is_not_a_lost_block(own_redis: RedisServer) -> None:
+    """A private tier's index forgets a block the tier says it lost, not one it failed to read."""
+    tier = RedisTier(own_redis.url, 64 * BLOCK, socket_timeout_s=0.5, prefix=b"private:")
+    with TieredStore([(CpuTier(2 * BLOCK), LevelOptions()), (tier, LevelOptions())], tier_retry_s=60.0) as s:
+        for i in range(3):
+            s.put(_k(i), _v(i))
+        s.flush()
+        assert s.lookup([_k(0)]).tiers == ["redis"]
+        own_redis.pause()
+        try:
+            assert s.get(_k(0)) is None  # a timeout: a miss this time
+        finally:
+            own_redis.resume()
+        assert s.get(_k(0)) == _v(0) and _redis(s).errors == 1
 
 
 def test_probe_backoff_doubles_up_to_the_cap() -> None:
