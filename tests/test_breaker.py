@@ -8,7 +8,7 @@ A misconfigured tier still stops the store at start; an unreachable one starts d
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ from kvstore.config import StoreConfig, TierConfig
 from kvstore.level import LevelOptions
 from kvstore.tier_factory import build_store
 from kvstore.tiered_store import TieredStore
+from tests.test_faults_support import wait_for
 from tiers.cpu import CpuTier
 from tiers.errors import TierAuthError
 from tiers.redis import RedisTier
@@ -38,15 +39,6 @@ def _k(i: int) -> bytes:
 
 def _v(i: int) -> bytes:
     return encode_block(_k(i), np.full(BLOCK // 4 - 16, i, np.float32))
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    """Poll ``cond`` (bounded generously: the box is busy); fail with ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
