@@ -5,9 +5,10 @@ single-writer: it picks victims, moves them one level down (a new queued job), d
 and only then writes the new block, so a tier never holds more than its configured bytes.
 Victims stay readable while they move (``Level.leaving``, then ``StoreState.pending``). A level
 that is detached is skipped and counted (the block goes on below); a level whose admission rule
-refuses the block drops it. A level that says it is full (TierFull: a fragmented lmdb map)
-gets victims worth the block evicted and one more try; then the block goes on below. A victim of a shared level (Redis, S3) is copied down but not deleted from
-the shared server: other nodes may be reading it, and that server's own policy reclaims it.
+refuses the block drops it. A level that says it is full (TierFull: a fragmented lmdb map) gets
+victims worth the block evicted and one more try; then the block goes on below. A victim of a
+shared level (Redis, S3) is copied down but not deleted from the shared server: other nodes may
+be reading it, and that server's own policy reclaims it.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Why these choices:
 - Object names are ``prefix + key.hex()`` so binary keys are safe in URLs and listings, and
   ``scan`` can recover the keys after a restart from the listing alone.
 - Small connect/read timeouts and a bounded retry count: a dead or hung endpoint must surface as
-  TierUnavailable within seconds so the store can fall through, never freeze the engine. So does
-  a 5xx answer (a gateway still starting, an overloaded server). ``connect=False`` builds the
-  client without a request (the daemon starts while S3 is down; ``probe`` checks it later).
+  TierUnavailable within seconds so the store can fall through, never freeze the engine.
+  ``connect=False`` builds the client without a request (the daemon starts while S3 is down;
+  ``probe`` checks it later).
 - Checksums only when the API requires them: blocks carry their own checksum (block format), so
   hashing every multi-MB body again on both sides would only cost bandwidth.
 - ``contains_many`` (the store's lookup) asks in parallel, one HEAD per key on a small pool.
@@ -114,8 +114,6 @@ class S3Tier(Tier):
             code = e.response.get("Error", {}).get("Code")
             if code in _DENIED:
                 raise TierAuthError(self.name, f"{what} {self.bucket}: authentication failed ({code})") from e
-            if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:  # e.g. still starting
-                raise TierUnavailable(self.name, f"{what}: server error {code}") from e
             raise
         except bce.NoCredentialsError as e:
             raise TierAuthError(self.name, f"{what}: authentication failed (no credentials)") from e
