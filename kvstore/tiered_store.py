@@ -209,8 +209,6 @@ class TieredStore:
         """Write into level 0, evicting to the spill queue (caller holds the lock)."""
         top = self.levels[0]
         if not top.available() or len(data) > top.capacity:
-            if not top.available():
-                top.counters.skipped_writes += 1
             return self._state.move_down(key, data, 1)
         jobs: list[Job] = []
         for vkey, _ in top.pick_victims(len(data)):

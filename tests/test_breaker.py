@@ -75,6 +75,7 @@ def test_detached_after_consecutive_errors_then_probed_back(own_redis: RedisServ
         st = _redis(s)
         assert st.errors == 3 and st.skipped_writes >= 4 and "cannot reach" in st.last_error
         assert s.lookup([_k(0), _k(7)]).tiers == [None, "cpu"]
+        assert s.delete(_k(1)) and _redis(s).errors == 3  # forgotten here; the detached tier is not asked
         own_redis.start()  # back, empty: the prober attaches it
         wait_for(lambda: _redis(s).available, "the prober to attach redis")
         assert _redis(s).attaches == 1
