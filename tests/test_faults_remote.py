@@ -69,6 +69,9 @@ def test_redis_down_at_boot_then_stopped_restarted_and_hung(tmp_path: Path, caps
             assert c.health_status(TIER_SERVICE + "redis") == "NOT_SERVING"
             assert cli.main(["health", "--address", d.address]) == 0
             assert "SERVING (degraded: redis detached)" in capsys.readouterr().out
+            assert cli.main(["stats", "--address", d.address]) == 0
+            table = capsys.readouterr().out
+            assert "DETACHED" in table and "redis last error: TierUnavailable" in table
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
             assert 'tierkv_tier_available{tier="redis"} 0.0' in metrics
             assert c.put_many(blocks[:2]) == [True, True]  # served from cpu meanwhile
