@@ -53,8 +53,8 @@ class Breaker:
         self.policy = policy or BreakerPolicy()
         self.attached = True
         self.failures = 0
-        self.next_probe = 0.0
-        self._wait = self.policy.probe_s
+        self.next_probe = 0.0  # monotonic time of the next probe, while detached
+        self.wait_s = self.policy.probe_s  # the wait before it (doubles per failed probe)
 
     def succeeded(self) -> None:
         self.failures = 0
@@ -71,12 +71,12 @@ class Breaker:
 
     def detach(self) -> None:
         self.attached = False
-        self._wait = self.policy.probe_s
-        self.next_probe = time.monotonic() + self._wait
+        self.wait_s = self.policy.probe_s
+        self.next_probe = time.monotonic() + self.wait_s
 
     def probe_failed(self) -> None:
-        self._wait = min(self._wait * 2, self.policy.probe_max_s)
-        self.next_probe = time.monotonic() + self._wait
+        self.wait_s = min(self.wait_s * 2, self.policy.probe_max_s)
+        self.next_probe = time.monotonic() + self.wait_s
 
     def attach(self) -> None:
         self.attached, self.failures = True, 0

@@ -122,12 +122,12 @@ def test_probe_backoff_doubles_up_to_the_cap() -> None:
     assert not b.failed() and b.attached
     t0 = time.monotonic()
     assert b.failed() and not b.attached
-    waits = []
-    for _ in range(4):
-        waits.append(round(b.next_probe - t0))
-        t0 = time.monotonic()
+    assert t0 + 1.0 <= b.next_probe <= time.monotonic() + 1.0
+    waits = [b.wait_s]
+    for _ in range(3):
         b.probe_failed()
-    assert waits == [1, 2, 4, 4]
+        waits.append(b.wait_s)
+    assert waits == [1.0, 2.0, 4.0, 4.0] and b.next_probe > time.monotonic() + 3.0
     b.attach()
     assert b.attached and not b.failed()  # the count starts again
 
