@@ -5,10 +5,12 @@ server set-up, and every process started here must be stopped again even when a 
 so each server is a context manager around a subprocess in its own temporary directory.
 
 - ``redis_server()`` yields ``redis://127.0.0.1:PORT/0``; ``RedisServer`` is the handle behind
-  it (``stop()``/``pause()``), for tests that kill a server mid-run.
+  it (``stop()``/``start()``/``pause()``/``resume()``), for tests that kill, restart or hang a
+  server mid-run (``start=False``: the URL exists before the server does).
 - ``redis_cluster(nodes=3)`` yields the node URLs of a ready cluster (cluster_state:ok).
 - ``seaweedfs_s3()`` yields an ``S3Endpoint`` (url + credentials) of ``weed server -s3``;
-  ``SeaweedS3`` is its handle; ``prepare_bucket`` creates a bucket and takes its first write.
+  ``SeaweedS3`` is its handle (the same verbs; a restart keeps its ports and data);
+  ``prepare_bucket`` creates a bucket and takes its first write.
 """
 
 from __future__ import annotations
@@ -172,20 +174,34 @@ class RedisServer:
 
     With ``password`` the server requires it (``requirepass``) and ``url`` carries it."""
 
-    def __init__(self, workdir: Path, password: str | None = None) -> None:
+    def __init__(self, workdir: Path, password: str | None = None, start: bool = True) -> None:
         self.port = free_port()
         auth = f":{password}@" if password is not None else ""
         self.url = f"redis://{auth}{LOOPBACK}:{self.port}/0"
-        extra = ["--requirepass", password] if password is not None else []
-        self._p = _Process(_redis_argv(self.port, workdir, extra), workdir, f"redis-{self.port}")
-        _start_or_stop(self._p, lambda: _redis_ping(self.port, password), 10, "redis-server")
+        self._workdir, self._password = workdir, password
+        self._p: _Process | None = None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """(Re)start on the same port (empty: nothing is saved)."""
+        self.stop()
+        extra = ["--requirepass", self._password] if self._password is not None else []
+        self._p = _Process(_redis_argv(self.port, self._workdir, extra), self._workdir, f"redis-{self.port}")
+        _start_or_stop(self._p, lambda: _redis_ping(self.port, self._password), 10, "redis-server")
 
     def pause(self) -> None:
         """SIGSTOP: the server keeps its socket but answers nothing (a hung server)."""
+        assert self._p is not None
         self._p.proc.send_signal(signal.SIGSTOP)
 
+    def resume(self) -> None:
+        assert self._p is not None
+        self._p.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
-        self._p.stop()
+        if self._p is not None:
+            self._p.stop()
 
 
 @contextlib.contextmanager
@@ -250,7 +266,7 @@ class S3Endpoint:
 class SeaweedS3:
     """``weed server`` (master + volume + filer + s3 gateway) with one admin identity."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, start: bool = True) -> None:
         key, secret = "tierkv" + secrets.token_hex(4), secrets.token_hex(16)
         cfg = workdir / "s3.json"
         ident = {"name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
@@ -264,6 +280,7 @@ class SeaweedS3:
         argv = [find_binary("weed"), "server", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}", f"-dir={data}",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
                 "-master.volumeSizeLimitMB=1024", "-master.telemetry=false",
+                "-master.electionTimeout=1s", "-master.heartbeatInterval=200ms",  # a restart elects itself at once
                 f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
                 "-volume.max=0", "-volume.preStopSeconds=0",
                 "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
@@ -271,8 +288,25 @@ class SeaweedS3:
                 "-s3.port.iceberg=0", "-s3.port.lance=0"]
         self.endpoint = S3Endpoint(f"http://{LOOPBACK}:{p['s3']}", key, secret)
         self._ports = list(p.values())
-        self._p = _Process(argv, workdir, "weed")
-        _start_or_stop(self._p, self._list_buckets, 60, "seaweedfs s3")
+        self._argv, self._workdir = argv, workdir
+        self._p: _Process | None = None
+        if start:
+            self.start()
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """(Re)start on the same ports and data directory: buckets and objects survive."""
+        self.stop()
+        self._p = _Process(self._argv, self._workdir, "weed")
+        _start_or_stop(self._p, self._list_buckets, timeout_s, "seaweedfs s3")
+
+    def pause(self) -> None:
+        """SIGSTOP: connections are accepted (by the kernel), nothing answers."""
+        assert self._p is not None
+        self._p.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._p is not None
+        self._p.proc.send_signal(signal.SIGCONT)
 
     def _list_buckets(self) -> bool:
         import boto3
@@ -289,6 +323,8 @@ class SeaweedS3:
             client.close()
 
     def stop(self) -> None:
+        if self._p is None:
+            return
         self._p.stop(grace_s=1)  # weed lingers for seconds after SIGTERM; its data is throwaway
         for port in self._ports:  # weed leaves unix sockets named after its ports in /tmp
             for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):

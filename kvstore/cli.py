@@ -1,9 +1,10 @@
 """``kvstore serve [flags]`` runs the daemon (``--check-config``: validate and exit);
 ``kvstore stats --address ADDR [--json] [--watch S]`` prints per-tier statistics; ``kvstore health
---address ADDR`` exits 0 when the daemon answers SERVING on gRPC health (container health checks);
-``kvstore trace start|stop`` records the daemon's accesses to a file and ``kvstore advise TRACE``
-sizes each tier from it (kvstore/advise.py). A bad value anywhere is one line on stderr and exit 2;
-``--version`` prints the package version."""
+--address ADDR`` exits 0 when the daemon answers SERVING on gRPC health (container health checks),
+and names the tiers that are detached (the daemon serves degraded: still exit 0, see
+kvstore/health.py); ``kvstore trace start|stop`` records the daemon's accesses to a file and
+``kvstore advise TRACE`` sizes each tier from it (kvstore/advise.py). A bad value anywhere is one
+line on stderr and exit 2; ``--version`` prints the package version."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from kvstore import auth, stats_view
 from kvstore.auth import ClientAuth
-from kvstore.config import StoreConfig
+from kvstore.config import KINDS, StoreConfig
 from kvstore.errors import KVStoreError
 from kvstore.options import build_arg_parser
 from tiers.errors import TierKVError
@@ -64,10 +65,12 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None,
 
 def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
     from kvstore.client import KVStoreClient
+    from kvstore.health import TIER_SERVICE
 
     with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
         ok = c.health()
-    print("SERVING" if ok else "NOT SERVING")
+        detached = [k for k in KINDS if ok and c.health_status(TIER_SERVICE + k) == "NOT_SERVING"]
+    print(("SERVING" if ok else "NOT SERVING") + (f" (degraded: {', '.join(detached)} detached)" if detached else ""))
     return 0 if ok else 1
 
 

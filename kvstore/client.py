@@ -321,15 +321,20 @@ class KVStoreClient:
             raise
         return [idx[j] for j in left]
 
-    def health(self) -> bool:
+    def health(self, service: str = "") -> bool:
+        return self.health_status(service) == "SERVING"
+
+    def health_status(self, service: str = "") -> str:
+        """gRPC health of ``service`` ("" = the daemon; ``tierkv.tier.NAME`` = one tier, see
+        kvstore/health.py): SERVING, NOT_SERVING, UNKNOWN (no such service) or UNREACHABLE."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         stub = health_pb2_grpc.HealthStub(self._channel)
         try:
-            r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.deadline_s)
-        except grpc.RpcError:
-            return False
-        return r.status == health_pb2.HealthCheckResponse.SERVING
+            r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.deadline_s)
+        except grpc.RpcError as e:
+            return "UNKNOWN" if e.code() == grpc.StatusCode.NOT_FOUND else "UNREACHABLE"
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
 
     def close(self) -> None:
         self._stream.close()

@@ -91,7 +91,7 @@ class StoreConfig:
     metrics_listen: str = ""  # HOST:PORT for /metrics; overrides metrics_port (e.g. 0.0.0.0:9400 in a pod)
     promote_on_hit: bool = True
     spill_queue_bytes: int = 256 * 1024**2  # bytes waiting to spill before puts block
-    tier_retry_s: float = 2.0  # a tier that errored is skipped for this long
+    tier_retry_s: float = 2.0  # first probe of a detached tier; doubles up to 10x (kvstore/breaker.py)
     max_block_bytes: int = 64 * 1024**2
     max_batch_bytes: int = 256 * 1024**2  # one Put call (bounds memory: x workers)
     max_message_bytes: int = 8 * 1024**2  # gRPC message limit, both directions

@@ -1,9 +1,10 @@
 """One level of the TieredStore chain: a tier plus the store's bookkeeping for it.
 
 The tier is a dumb byte store; the level owns what the store knows about it: the index
-(key -> size), the bytes it counts as used, the eviction policy, counters, and a small
-circuit breaker. A level whose tier raised is skipped for ``retry_s`` seconds, so a dead
-Redis costs one timeout, not one per request. Not thread-safe: the store holds its lock.
+(key -> size), the bytes it counts as used, the eviction policy, counters, and its circuit
+breaker (kvstore/breaker.py): after a few consecutive errors the tier is detached and skipped
+until a background probe finds it answering, so a dead Redis costs a few timeouts, not one per
+request. Not thread-safe: the store holds its lock.
 
 Ownership: a private level (cpu, disk, or a remote tier with ``shared=False``) belongs to this
 store alone: its index is rebuilt from ``scan()`` at start and trimmed to the capacity, and
@@ -17,11 +18,12 @@ with a small capacity never deletes blocks other nodes wrote.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
+from kvstore.breaker import Breaker
 from kvstore.eviction import EvictionPolicy, make_eviction_policy
 from tiers.base import Tier
+from tiers.errors import TierFull, TierUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +47,22 @@ class TierCounters:
     errors: int = 0
     read_bytes: int = 0
     write_bytes: int = 0
+    detaches: int = 0  # times the breaker detached this tier
+    attaches: int = 0  # times a probe found it answering and attached it again
+    skipped_writes: int = 0  # blocks not written here because the tier was detached
+    refused: int = 0  # writes the tier refused for lack of room (TierFull): evicted, or went on below
 
 
 @dataclass
 class Level:
     tier: Tier
     options: LevelOptions
-    retry_s: float = 2.0
+    breaker: Breaker = field(default_factory=Breaker)
     index: dict[bytes, int] = field(default_factory=dict)
     used: int = 0
     counters: TierCounters = field(default_factory=TierCounters)
     leaving: set[bytes] = field(default_factory=set)  # victims being moved out
     leaving_bytes: int = 0
-    down_until: float = 0.0
     last_error: str = ""
     eviction: EvictionPolicy = field(init=False)
 
@@ -73,18 +78,46 @@ class Level:
         return self.tier.capacity_bytes
 
     def available(self) -> bool:
-        return time.monotonic() >= self.down_until
+        """Attached: the store uses the tier. Detached: skipped until a probe finds it answering."""
+        return self.breaker.attached
 
     def has(self, key: bytes) -> bool:
         return key in self.index and self.available()
 
-    def fail(self, exc: BaseException) -> None:
-        """Count an error and skip this level for a while."""
-        self.counters.errors += 1
+    def fail(self, exc: BaseException) -> bool:
+        """Count an error; True when it detached the tier. A TierFull is a refusal, not a failure."""
         self.last_error = f"{type(exc).__name__}: {exc}"
-        if self.available():
-            log.warning("tier %s failed, skipping it for %.1fs: %s", self.name, self.retry_s, self.last_error)
-        self.down_until = time.monotonic() + self.retry_s
+        if isinstance(exc, TierFull):
+            self.counters.refused += 1
+            return False
+        self.counters.errors += 1
+        if not self.breaker.failed():
+            return False
+        self.counters.detaches += 1
+        log.warning("tier %s detached after %d consecutive errors; probing it in the background: %s",
+                    self.name, self.breaker.policy.failures, self.last_error)  # fmt: skip
+        return True
+
+    def succeeded(self) -> None:
+        self.breaker.succeeded()
+
+    def detach(self, exc: BaseException) -> None:
+        """Detach at once (the tier could not be reached at start)."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.counters.errors += 1
+        self.counters.detaches += 1
+        self.breaker.detach()
+        log.warning("tier %s unreachable at start: detached, probing it in the background: %s", self.name,
+                    self.last_error)  # fmt: skip
+
+    def probe_failed(self, exc: BaseException) -> None:
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.breaker.probe_failed()
+
+    def attach(self) -> None:
+        self.breaker.attach()
+        self.counters.attaches += 1
+        log.warning("tier %s answers again: attached", self.name)
 
     def add(self, key: bytes, size: int) -> None:
         if key in self.index:
@@ -122,6 +155,22 @@ class Level:
             self.leaving_bytes += vsize
             out.append((key, vsize))
         return out
+
+    def start(self) -> None:
+        """Probe the tier, then index what it holds. Unreachable: start detached (probed later);
+        any other error (refused credentials, a missing bucket) raises: a misconfigured tier stops
+        the daemon instead of being silently skipped."""
+        try:
+            self.tier.probe()
+        except TierUnavailable as e:
+            self.detach(e)
+            return
+        self.rebuild()
+
+    def make_room(self, nbytes: int) -> list[tuple[bytes, int]]:
+        """Mark victims worth ``nbytes`` as leaving, whatever the accounting says: the tier itself
+        said it is full (e.g. a fragmented lmdb map)."""
+        return self.pick_victims(self.capacity - self.used + self.leaving_bytes + nbytes)
 
     def rebuild(self) -> None:
         """Index a persistent private tier's contents from ``scan()`` (after a restart, even a SIGKILL)."""

@@ -32,9 +32,13 @@ _COUNTERS = {
     "spills": "Blocks written into this tier from the tier above",
     "promotions": "Blocks copied from this tier to the top tier on a hit",
     "dropped": "Blocks refused by admission or falling off the last tier",
-    "errors": "Errors raised by this tier (each skips it for a while)",
+    "errors": "Errors raised by this tier (consecutive ones detach it)",
     "read_bytes": "Bytes read from this tier",
     "write_bytes": "Bytes written to this tier",
+    "detaches": "Times the circuit breaker detached this tier after consecutive errors",
+    "attaches": "Times a background probe found this tier answering and attached it again",
+    "skipped_writes": "Blocks not written to this tier because it was detached",
+    "refused": "Writes this tier refused for lack of room (lmdb map full): victims evicted, or the block went below",
 }
 
 
@@ -48,7 +52,8 @@ class _StoreCollector(Collector):
             "used_bytes": GaugeMetricFamily("tierkv_tier_used_bytes", "Bytes the store tracks in the tier (shared tier: its own writes)", labels=["tier"]),
             "capacity_bytes": GaugeMetricFamily("tierkv_tier_capacity_bytes", "Configured bytes", labels=["tier"]),
             "blocks": GaugeMetricFamily("tierkv_tier_blocks", "Blocks held by the tier", labels=["tier"]),
-            "available": GaugeMetricFamily("tierkv_tier_available", "1 unless the tier is being skipped", labels=["tier"]),
+            "available": GaugeMetricFamily("tierkv_tier_available", "1 while the tier is attached, 0 while its circuit "
+                                           "breaker has it detached (skipped, probed in the background)", labels=["tier"]),
         }
         counters = {
             name: CounterMetricFamily(f"tierkv_tier_{name}", doc, labels=["tier"]) for name, doc in _COUNTERS.items()

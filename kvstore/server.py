@@ -1,5 +1,8 @@
 """The daemon process: gRPC server + health + metrics around one TieredStore.
 
+A remote tier that is down at start does not stop the daemon: it starts degraded, with that tier
+detached, and attaches it once it answers (kvstore/breaker.py; health: kvstore/health.py).
+
 Shutdown order on SIGTERM/SIGINT matters: mark health NOT_SERVING (load balancers stop
 routing), stop accepting new calls while in-flight ones get ``grace_s`` to finish, then
 ``store.close()`` waits for queued spills to land on disk before tiers are closed — a block
@@ -15,11 +18,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore import auth
 from kvstore.config import StoreConfig
 from kvstore.dashboard import Dashboard
+from kvstore.health import DaemonHealth
 from kvstore.metrics import StoreMetrics
 from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.servicer import KVStoreServicer
@@ -62,7 +66,7 @@ class Daemon:
         self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
                                      max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes)
                         if cfg.stream and creds is None else None)  # fmt: skip
-        self.health = health.HealthServicer()
+        self.health = DaemonHealth(self.store)  # SERVING even with a tier detached (see kvstore/health.py)
         checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
                                   interceptors=checks)

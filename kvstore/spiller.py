@@ -4,9 +4,11 @@ Only this thread writes to levels below the top, which keeps each level's capaci
 single-writer: it picks victims, moves them one level down (a new queued job), deletes them,
 and only then writes the new block, so a tier never holds more than its configured bytes.
 Victims stay readable while they move (``Level.leaving``, then ``StoreState.pending``). A level
-that is down is skipped (the block goes on below); a level whose admission rule refuses the
-block drops it. A victim of a shared level (Redis, S3) is copied down but not deleted from
-the shared server: other nodes may be reading it, and that server's own policy reclaims it.
+that is detached is skipped and counted (the block goes on below); a level whose admission rule
+refuses the block drops it. A level that says it is full (TierFull: a fragmented lmdb map) gets
+victims worth the block evicted and one more try; then the block goes on below. A victim of a
+shared level (Redis, S3) is copied down but not deleted from the shared server: other nodes may
+be reading it, and that server's own policy reclaims it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import logging
 import threading
 import time
 
+from kvstore.level import Level
 from kvstore.spill_queue import ByteBoundedQueue
 from kvstore.store_state import Job, StoreState
+from tiers.errors import TierFull
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +75,10 @@ class Spiller:
                 if job.key in lv.index:  # already there (inclusive chain): nothing to write
                     lv.touch(job.key)
                     break
-                if not lv.available() or size > lv.capacity:
+                if not lv.available():
+                    lv.counters.skipped_writes += 1
+                    continue
+                if size > lv.capacity:
                     continue
                 if self._c.hits.get(job.key, 0) < lv.options.admit_min_hits:
                     lv.counters.dropped += 1
@@ -79,14 +86,8 @@ class Spiller:
                 victims = lv.pick_victims(size)
             for vkey, _ in victims:
                 self._evict_lower(i, vkey)
-            t0 = time.perf_counter()
-            try:
-                lv.tier.put(job.key, job.value)
-            except Exception as e:  # noqa: BLE001
-                with self._c.lock:
-                    lv.fail(e)
+            if not self._write(i, lv, job):
                 continue
-            self._c.obs.write(lv.name, size, time.perf_counter() - t0)
             with self._c.lock:
                 if self._still_wanted(job):
                     lv.add(job.key, size)
@@ -101,6 +102,26 @@ class Spiller:
             if job.move and self._c.pending.get(job.key) is job:
                 del self._c.pending[job.key]
                 self._c.forget_if_gone(job.key)
+
+    def _write(self, i: int, lv: Level, job: Job) -> bool:
+        """Put the block into level i; a TierFull evicts victims worth it and tries once more."""
+        for again in (False, True):
+            t0 = time.perf_counter()
+            try:
+                lv.tier.put(job.key, job.value)
+            except Exception as e:  # noqa: BLE001 - counted (a TierFull as a refusal), never raised
+                self._c.fail(lv, e)
+                if again or not isinstance(e, TierFull):
+                    return False
+                with self._c.lock:
+                    victims = lv.make_room(len(job.value))
+                for vkey, _ in victims:
+                    self._evict_lower(i, vkey)
+                continue
+            self._c.ok(lv)
+            self._c.obs.write(lv.name, len(job.value), time.perf_counter() - t0)
+            return True
+        return False
 
     def _evict_lower(self, i: int, vkey: bytes) -> None:
         """Move a victim of level i (i > 0) one level down; runs on the worker thread."""

@@ -15,7 +15,8 @@ from kvstore.store_types import StoreStats, TierStats
 
 JSON_VERSION = 1
 TIER_KEYS = ("name", "used_bytes", "capacity_bytes", "blocks", "hits", "misses", "hit_ratio", "evictions",
-             "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "available", "last_error")
+             "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "available", "last_error",
+             "refused", "detaches", "attaches", "skipped_writes")
 
 
 def hit_ratio(t: TierStats) -> float | None:
@@ -29,10 +30,11 @@ def _pct(ratio: float | None) -> str:
 
 def table(st: StoreStats) -> str:
     cols = ("tier", "used", "capacity", "blocks", "hits", "misses", "hit%", "evict", "spills", "promo", "dropped",
-            "errors", "up")
+            "errors", "refused", "state", "detach", "attach", "skipped")
     rows = [
         (t.name, format_size(t.used_bytes), format_size(t.capacity_bytes), t.blocks, t.hits, t.misses,
-         _pct(hit_ratio(t)), t.evictions, t.spills, t.promotions, t.dropped, t.errors, "yes" if t.available else "NO")
+         _pct(hit_ratio(t)), t.evictions, t.spills, t.promotions, t.dropped, t.errors, t.refused,
+         "attached" if t.available else "DETACHED", t.detaches, t.attaches, t.skipped_writes)
         for t in st.tiers
     ]  # fmt: skip
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
@@ -55,5 +57,5 @@ def as_json(st: StoreStats, address: str) -> str:
 def summary_line(st: StoreStats) -> str:
     """One line for the daemon's log: per tier used/capacity, hit ratio, spills, errors; the spill queue."""
     parts = [f"{t.name} {format_size(t.used_bytes)}/{format_size(t.capacity_bytes)} hit {_pct(hit_ratio(t))} "
-             f"spills {t.spills} errors {t.errors}{'' if t.available else ' DOWN'}" for t in st.tiers]
+             f"spills {t.spills} errors {t.errors}{'' if t.available else ' DETACHED'}" for t in st.tiers]
     return f"stats: {' | '.join(parts)} | queue {st.pending_blocks} blocks"

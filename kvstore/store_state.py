@@ -4,7 +4,8 @@ Both halves work on the same levels, under the same lock, with the same map of b
 way down (``pending``: a block that left a level stays readable from here until it has landed
 in the next one, so it is never missing in between) and the same per-key hit counts (for
 admission). The lock guards this bookkeeping only: bytes are copied outside it (reads pin
-their source instead, see TieredStore._find).
+their source instead, see TieredStore._find). Both report tier errors through ``fail``, which
+wakes the prober (kvstore/breaker.py) when an error detached a tier.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvstore.breaker import Prober
 from kvstore.ghosts import Ghosts
 from kvstore.level import Level
 from kvstore.store_types import NullObserver, Observer
@@ -45,15 +47,34 @@ class StoreState:
         self.pending: dict[bytes, Job] = {}
         self.hits: dict[bytes, int] = {}
         self.ghosts = Ghosts([lv.name for lv in levels], ghosts_per_tier)  # keys each level evicted lately
+        self.prober = Prober(levels, self.lock)
 
     def guard(self, lv: Level, fn: Callable[[], T]) -> T | None:
-        """Run a tier call; on any error count it, trip the level's breaker, return None."""
+        """Run a tier call; on any error count it (``fail``) and return None."""
+        return self.attempt(lv, fn)[1]
+
+    def attempt(self, lv: Level, fn: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run a tier call: (True, its result), or (False, None) once an error was counted."""
         try:
-            return fn()
+            out = fn()
         except Exception as e:  # noqa: BLE001 - a tier error must never escape
+            self.fail(lv, e)
+            return False, None
+        self.ok(lv)
+        return True, out
+
+    def fail(self, lv: Level, exc: BaseException) -> None:
+        """Count a tier error; wake the prober if it detached the tier."""
+        with self.lock:
+            detached = lv.fail(exc)
+        if detached:
+            self.prober.wake()
+
+    def ok(self, lv: Level) -> None:
+        """A tier call succeeded: its consecutive-error count starts again."""
+        if lv.breaker.failures:
             with self.lock:
-                lv.fail(e)
-            return None
+                lv.succeeded()
 
     def first_level(self, key: bytes, start: int = 0) -> int | None:
         """Index of the first available level >= ``start`` whose index holds ``key``."""

@@ -17,7 +17,7 @@ class TierStats(NamedTuple):
     used_bytes: int
     capacity_bytes: int
     blocks: int
-    available: bool
+    available: bool  # attached (False: detached by its circuit breaker, probed in the background)
     last_error: str
     hits: int
     misses: int
@@ -28,6 +28,10 @@ class TierStats(NamedTuple):
     errors: int
     read_bytes: int
     write_bytes: int
+    detaches: int  # times the circuit breaker detached the tier (kvstore/breaker.py)
+    attaches: int  # times a probe attached it again
+    skipped_writes: int  # blocks not written to it while detached
+    refused: int  # writes it refused for lack of room (TierFull)
 
 
 class StoreStats(NamedTuple):

@@ -1,7 +1,10 @@
 """Build tiers and the TieredStore from a StoreConfig: the only place config meets tiers.
 
 Tier modules are imported lazily so a daemon without S3 or Redis never imports boto3/redis.
-A tier that fails to start raises (ConfigError/TierError) instead of being silently dropped.
+Remote tiers are built without touching their server; the store then probes every tier: one
+that cannot be reached starts detached (the daemon serves, degraded, and attaches it once it
+answers), one that fails for any other reason (refused credentials, a bad URL) raises
+(ConfigError/TierError) instead of being silently dropped.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ def build_tier(tc: TierConfig) -> Tier:
         return S3Tier(
             tc.endpoint or None, bucket, tc.capacity_bytes, prefix=prefix,
             access_key=tc.access_key_id or None, secret_key=tc.secret_access_key or None,
-            region=tc.region or "us-east-1",
+            region=tc.region or "us-east-1", connect=False,
         )  # fmt: skip
     from tiers.redis import RedisTier
 
-    return RedisTier(tc.url, tc.capacity_bytes, cluster=tc.cluster, ttl_s=tc.ttl_s or None)
+    return RedisTier(tc.url, tc.capacity_bytes, cluster=tc.cluster, ttl_s=tc.ttl_s or None, connect=False)
 
 
 def level_options(tc: TierConfig) -> LevelOptions:
@@ -47,14 +50,14 @@ def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredSto
     try:
         for tc in cfg.tiers:
             built.append((build_tier(tc), level_options(tc)))
+        return TieredStore(
+            built,
+            promote_on_hit=cfg.promote_on_hit,
+            spill_queue_bytes=cfg.spill_queue_bytes,
+            tier_retry_s=cfg.tier_retry_s,
+            observer=observer,
+        )
     except BaseException:
         for tier, _ in built:
             tier.close()
         raise
-    return TieredStore(
-        built,
-        promote_on_hit=cfg.promote_on_hit,
-        spill_queue_bytes=cfg.spill_queue_bytes,
-        tier_retry_s=cfg.tier_retry_s,
-        observer=observer,
-    )

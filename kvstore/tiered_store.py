@@ -14,8 +14,10 @@ Why this shape:
   stay (inclusive), so a later eviction of the promoted copy writes nothing.
 - ``admit_min_hits`` lets a slow level (S3) accept only blocks hit at least N times; other
   blocks are dropped when they would spill there.
-- A tier that raises is counted and skipped for a while (Level.fail): reads fall through to
-  the next level, writes go on below. The store never lets a tier error escape.
+- A tier that raises is counted; after a few consecutive errors it is detached (kvstore/breaker.py):
+  reads fall through to the next level, writes meant for it are skipped (counted) or go on below,
+  and a background probe attaches it again once it answers. A tier unreachable at start begins
+  detached. The store never lets a tier error escape (a misconfigured tier stops it at start).
 - The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
   tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
   scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
@@ -37,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from kvstore.block import block_fault
+from kvstore.breaker import Breaker, BreakerPolicy
 from kvstore.errors import StoreClosed
 from kvstore.ghosts import LookupCounts
 from kvstore.level import Level, LevelOptions
@@ -60,10 +63,15 @@ class TieredStore:
         tier_retry_s: float = 2.0,
         observer: Observer | None = None,
         ghosts_per_tier: int = 16384,
+        detach_after: int = 3,
     ) -> None:
+        """``tier_retry_s``: first probe of a detached tier (backoff to 10x); ``detach_after``:
+        consecutive errors that detach a tier."""
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
-        self._state = StoreState([Level(t, o, retry_s=tier_retry_s) for t, o in levels], observer, ghosts_per_tier)
+        policy = BreakerPolicy.from_retry(tier_retry_s, detach_after)
+        self._state = StoreState([Level(t, o, breaker=Breaker(policy)) for t, o in levels], observer,
+                                 ghosts_per_tier)
         self.levels = self._state.levels
         self.promote_on_hit = promote_on_hit
         self._obs = self._state.obs
@@ -73,7 +81,9 @@ class TieredStore:
         self._closed = False
         self.access: AccessObserver | None = None  # set while a trace runs (kvstore/trace.py)
         for lv in self.levels:
-            lv.rebuild()
+            lv.start()
+        if not all(lv.available() for lv in self.levels):
+            self._state.prober.wake()
         self._spill = Spiller(self._state, spill_queue_bytes)
 
     # -- public API --------------------------------------------------------------------
@@ -92,8 +102,13 @@ class TieredStore:
             jobs = self._insert_top(key, data)
             if (access := self.access) is not None:
                 access(OP_PUT, key, len(data), None)
-            jobs += [Job(key, frozen_copy(data), i, False) for i, lv in enumerate(self.levels) if i > 0
-                     and lv.options.write_through and lv.available() and key not in lv.index]  # fmt: skip
+            for i, lv in enumerate(self.levels[1:], 1):
+                if not lv.options.write_through or key in lv.index:
+                    continue
+                if lv.available():
+                    jobs.append(Job(key, frozen_copy(data), i, False))
+                else:
+                    lv.counters.skipped_writes += 1
         self._spill.submit(jobs)
         return True
 
@@ -144,11 +159,9 @@ class TieredStore:
             missing = [i for i, n in enumerate(names) if n is None]
             if not missing or not lv.options.shared or not lv.available():
                 continue
-            try:
-                flags = lv.tier.contains_many([keys[i] for i in missing])
-            except Exception as e:  # noqa: BLE001 - a tier error must never escape
-                with self._lock:
-                    lv.fail(e)
+            asked = [keys[i] for i in missing]
+            ok, flags = self._state.attempt(lv, lambda lv=lv, asked=asked: lv.tier.contains_many(asked))
+            if not ok or flags is None:
                 continue
             for i, f in zip(missing, flags, strict=True):
                 if f:
@@ -182,6 +195,7 @@ class TieredStore:
                         lower.append(lv)
                 elif i > 0 and lv.options.shared:
                     lower.append(lv)
+            lower = [lv for lv in lower if lv.available()]  # a detached tier keeps it: content-addressed
         for lv in lower:
             found = bool(self._state.guard(lv, lambda lv=lv: lv.tier.delete(key))) or found
         return found
@@ -205,6 +219,7 @@ class TieredStore:
         with self._lock:
             self._closed = True
         self._spill.close()
+        self._state.prober.close()
         for lv in self.levels:
             try:
                 lv.tier.close()
@@ -235,7 +250,7 @@ class TieredStore:
                 vdata = None if raw is None else bytes(raw)
                 top.tier.delete(vkey)
             except Exception as e:  # noqa: BLE001
-                top.fail(e)
+                self._state.fail(top, e)
                 vdata = None
             top.remove(vkey)
             self._state.evicted(top, vkey)
@@ -247,8 +262,9 @@ class TieredStore:
         try:
             top.tier.put(key, data)
         except Exception as e:  # noqa: BLE001
-            top.fail(e)
+            self._state.fail(top, e)
             return jobs + self._state.move_down(key, data, 1)
+        self._state.ok(top)
         top.add(key, len(data))
         top.counters.write_bytes += len(data)
         self._obs.write(top.name, len(data), time.perf_counter() - t0)
@@ -261,6 +277,7 @@ class TieredStore:
         Bookkeeping happens under the lock, ``consume`` runs without it (see the module notes).
         """
         start = 0
+        failed: set[int] = set()  # levels that raised during this read: not asked again
         for _ in range(2 * len(self.levels) + 2):
             with self._lock:
                 self._check_open()
@@ -292,8 +309,12 @@ class TieredStore:
             assert loc is not None
             lv = self.levels[loc]
             t0 = time.perf_counter()
-            raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
-            if raw is None:  # error (level now skipped), moved away meanwhile, or lost
+            ok, raw = self._state.attempt(lv, lambda lv=lv: lv.tier.get(key))
+            if not ok:  # a tier error (counted): look below
+                failed.add(loc)
+                start = loc + 1
+                continue
+            if raw is None:  # moved away meanwhile, or lost
                 with self._lock:
                     if lv.available() and key in lv.index and key not in lv.leaving:
                         lv.remove(key)  # the tier lost it (e.g. another node deleted it): heal
@@ -307,12 +328,12 @@ class TieredStore:
             self._after_lower_hit(loc, key, data, from_index=True)
             consume(memoryview(data))
             return loc
-        return self._find_shared(key, consume)
+        return self._find_shared(key, consume, failed)
 
-    def _find_shared(self, key: bytes, consume: Callable[[memoryview], None]) -> int | None:
+    def _find_shared(self, key: bytes, consume: Callable[[memoryview], None], failed: set[int]) -> int | None:
         """Ask shared levels directly: other nodes may have written the block."""
         for i, lv in enumerate(self.levels):
-            if not lv.options.shared or not lv.available() or i == 0:
+            if not lv.options.shared or not lv.available() or i == 0 or i in failed:
                 continue
             raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
             if raw is not None and self._intact(lv, key, data := bytes(raw)):

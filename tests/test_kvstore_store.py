@@ -143,7 +143,7 @@ def test_failing_tier_is_skipped(tmp_path: Path) -> None:
 
 
 def test_failing_top_tier_writes_go_below(tmp_path: Path) -> None:
-    with _store(tmp_path, tier_retry_s=60.0) as s:
+    with _store(tmp_path, tier_retry_s=60.0, detach_after=1) as s:  # detached by its first error
         s.levels[0].tier.close()
         assert s.put(_k(1), _v(1))
         s.flush()

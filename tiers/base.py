@@ -8,6 +8,9 @@ the tier to ``put``/``delete``. ``scan`` lets the store rebuild its index after 
 The one batched call is ``contains_many``: the store's ``lookup`` asks a shared tier about many
 keys at once, which a remote tier answers in one round trip (a Redis pipeline) or in parallel
 (S3). Everything else the store does one block at a time.
+
+``probe`` asks "does the backing server answer?" with the cheapest call the tier has; the store
+uses it at start and to decide when a detached tier may be attached again (kvstore/breaker.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
 Buffer = bytes | bytearray | memoryview
+_PROBE_KEY = b"tierkv-probe"
 
 
 class Tier(ABC):
@@ -51,6 +55,10 @@ class Tier(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def probe(self) -> None:
+        """Raise TierError (TierUnavailable when it cannot be reached) unless the tier answers."""
+        self.contains_many([_PROBE_KEY])
 
     def __enter__(self) -> Tier:
         return self

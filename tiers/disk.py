@@ -10,7 +10,9 @@ runs must be contiguous, so churn at capacity fragments the free list. The map i
 twice the capacity plus 64 MiB. It is only address space (the file grows as pages are used),
 and it is fixed at open: resizing a live map is unsafe while other threads hold read txns.
 The TieredStore keeps payload bytes under the capacity; the slack also absorbs a store that
-briefly overshoots. A map that still fills up is a TierError.
+briefly overshoots. A map that still fills up is TierFull: the store evicts and retries, or counts
+a refusal; it never detaches the tier for it (reads still work). A write the filesystem refuses
+(full, over quota) reaches us from lmdb as a plain I/O error: a TierError like any other.
 
 Ownership: one process owns the environment (the daemon). The store keeps the byte accounting
 (its index, rebuilt from ``scan`` at start); the tier keeps none of its own.
@@ -26,7 +28,7 @@ from pathlib import Path
 import lmdb
 
 from tiers.base import Buffer, Tier
-from tiers.errors import BlockTooLarge, TierError, TierUnavailable
+from tiers.errors import BlockTooLarge, TierError, TierFull, TierUnavailable
 
 _PAGE = 4096
 _HEADROOM = 64 << 20
@@ -40,10 +42,12 @@ class DiskTier(Tier):
     name = "disk"
     persistent = True
 
-    def __init__(self, path: str | os.PathLike[str], capacity_bytes: int, *, sync: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], capacity_bytes: int, *, sync: bool = True,
+                 map_bytes: int | None = None) -> None:
+        """``map_bytes`` overrides the map size (tests of a full map; an existing larger file wins)."""
         super().__init__(capacity_bytes)
         self.path = Path(path)
-        self.map_size = _round_pages(self.capacity_bytes * 2 + _HEADROOM)
+        self.map_size = _round_pages(map_bytes or self.capacity_bytes * 2 + _HEADROOM)
         self._lock = threading.Lock()  # one write transaction at a time
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -80,7 +84,7 @@ class DiskTier(Tier):
             with self._lock, self._env_or_raise().begin(write=True) as txn:
                 txn.put(bytes(key), memoryview(value), overwrite=True)
         except lmdb.MapFullError as e:
-            raise TierError(self.name, f"lmdb map full at {self.map_size} bytes: {e}") from e
+            raise TierFull(self.name, f"lmdb map full at {self.map_size} bytes: {e}") from e
         except lmdb.Error as e:
             raise TierError(self.name, f"write failed: {e}") from e
 

@@ -19,6 +19,11 @@ class TierUnavailable(TierError):
     """The tier's backing server or device cannot be reached."""
 
 
+class TierFull(TierError):
+    """The tier has no room for this block now (lmdb map or filesystem full): a refusal the store
+    answers by evicting, not a failure that detaches the tier."""
+
+
 class TierAuthError(TierError):
     """The tier's server refused our credentials (wrong password, key or signature)."""
 

@@ -6,7 +6,9 @@ Why these choices:
 - ``contains_many`` (the store's lookup) is one non-transactional pipeline: one round trip on a
   single server; redis-py's cluster pipeline splits per node, so the same code works on both.
 - Short socket timeouts and a single reconnect attempt without backoff: a dead or hung server
-  becomes TierUnavailable in about ``socket_timeout_s``, never a hang. Refused credentials are
+  becomes TierUnavailable in about ``socket_timeout_s``, never a hang. ``connect=False`` builds
+  the client without touching the server (the daemon starts while Redis is down; ``probe``
+  connects later). Refused credentials are
   TierAuthError ("authentication failed"), not "cannot reach".
 - Budget: a Redis shared by several nodes enforces its own (``maxmemory`` + an eviction policy
   such as ``allkeys-lru``, and/or ``ttl_s``); a server with neither is logged at start, since it
@@ -17,6 +19,7 @@ Why these choices:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,6 +27,7 @@ import redis
 import redis.exceptions as rex
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.connection import parse_url
 from redis.retry import Retry
 
 from tiers.base import Buffer, Tier
@@ -58,6 +62,7 @@ class RedisTier(Tier):
         socket_timeout_s: float = 2.0,
         connect_timeout_s: float = 1.0,
         read_chunk_bytes: int = 1 << 20,
+        connect: bool = True,
     ) -> None:
         super().__init__(capacity_bytes)
         if ttl_s is not None and ttl_s <= 0:
@@ -71,19 +76,18 @@ class RedisTier(Tier):
             retry=Retry(NoBackoff(), 1),
             socket_read_size=read_chunk_bytes,  # MB-sized replies: fewer recv calls than the 64 KiB default
         )
+        self._url, self._opts = url, opts
         self._r: Any = None
-
-        def connect() -> Any:
-            if cluster:  # connects at once, to discover the nodes
-                return RedisCluster.from_url(url, **opts)
-            return redis.Redis.from_url(url, health_check_interval=0, **opts)
-
+        self._closed, self._budget_checked = False, False
+        self._connecting = threading.Lock()
         try:
-            self._r = self._do(self.where, connect)
-        except ValueError as e:  # a malformed URL: the parser's message may quote the password
+            parse_url(url)  # a malformed URL fails here even when the tier connects later
+            if not cluster:  # builds a pool; connects on the first command
+                self._r = redis.Redis.from_url(url, health_check_interval=0, **opts)
+        except ValueError as e:  # the parser's message may quote the password
             raise TierError(self.name, f"bad url {self.where} ({type(e).__name__})") from None
-        self._do(self.where, self._r.ping)
-        self._check_budget()
+        if connect:
+            self.probe()
 
     def __repr__(self) -> str:
         return f"RedisTier({self.where!r}, capacity_bytes={self.capacity_bytes}, prefix={self.prefix!r})"
@@ -104,11 +108,18 @@ class RedisTier(Tier):
     def _k(self, key: bytes) -> bytes:
         return self.prefix + bytes(key)
 
+    def _client(self) -> Any:
+        if self._closed:
+            raise TierError(self.name, "tier is closed")
+        if self._r is None:  # a cluster client connects when it is built, to discover the nodes
+            with self._connecting:
+                if self._r is None:
+                    self._r = self._do(self.where, RedisCluster.from_url, self._url, **self._opts)
+        return self._r
+
     def _cmd(self, name: str, *args: Any, **kw: Any) -> Any:
         """Run one client command by name (after the closed check)."""
-        if self._r is None:
-            raise TierError(self.name, "tier is closed")
-        return self._do(name, getattr(self._r, name), *args, **kw)
+        return self._do(name, getattr(self._client(), name), *args, **kw)
 
     def _do(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
         """Run one call, mapping redis-py failures onto the tier's error types."""
@@ -126,9 +137,7 @@ class RedisTier(Tier):
             raise TierError(self.name, f"{what}: {e}") from e
 
     def _pipe(self) -> Any:
-        if self._r is None:
-            raise TierError(self.name, "tier is closed")
-        return self._r.pipeline(transaction=False)
+        return self._client().pipeline(transaction=False)
 
     @staticmethod
     def _body(value: Buffer) -> bytes | memoryview:
@@ -173,7 +182,15 @@ class RedisTier(Tier):
                 elif self._cmd("exists", k):
                     yield bytes(k[n:]), 0
 
+    def probe(self) -> None:
+        """PING (connecting a cluster client first); the first answer also checks the budget."""
+        self._cmd("ping")
+        if not self._budget_checked:
+            self._budget_checked = True
+            self._check_budget()
+
     def close(self) -> None:
+        self._closed = True
         if self._r is not None:
             self._r.close()
             self._r = None

@@ -5,6 +5,8 @@ Why these choices:
   ``scan`` can recover the keys after a restart from the listing alone.
 - Small connect/read timeouts and a bounded retry count: a dead or hung endpoint must surface as
   TierUnavailable within seconds so the store can fall through, never freeze the engine.
+  ``connect=False`` builds the client without a request (the daemon starts while S3 is down;
+  ``probe`` checks it later).
 - Checksums only when the API requires them: blocks carry their own checksum (block format), so
   hashing every multi-MB body again on both sides would only cost bandwidth.
 - ``contains_many`` (the store's lookup) asks in parallel, one HEAD per key on a small pool.
@@ -74,6 +76,7 @@ class S3Tier(Tier):
         max_attempts: int = 2,
         workers: int = 8,
         create_bucket: bool = True,
+        connect: bool = True,
     ) -> None:
         super().__init__(capacity_bytes)
         self.bucket, self.prefix = bucket, prefix
@@ -89,7 +92,8 @@ class S3Tier(Tier):
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
-        if create_bucket:
+        self._create_bucket = create_bucket
+        if create_bucket and connect:
             self._ensure_bucket()
 
     # -- helpers --------------------------------------------------------------
@@ -206,6 +210,16 @@ class S3Tier(Tier):
 
     def scan(self) -> Iterator[tuple[bytes, int]]:
         return self._list()
+
+    def probe(self) -> None:
+        """HEAD the bucket (creating it when missing, if the tier creates buckets)."""
+        if self._create_bucket:
+            self._ensure_bucket()
+            return
+        try:
+            self._call("head_bucket", self._client.head_bucket, Bucket=self.bucket)
+        except bce.ClientError as e:
+            raise TierError(self.name, f"bucket {self.bucket}: {e}") from e
 
     def close(self) -> None:
         if self._closed:

@@ -153,7 +153,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("name", "used_bytes", "capacity_bytes", "blocks", "available", "last_error", "hits", "misses", "evictions", "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes")
+    __slots__ = ("name", "used_bytes", "capacity_bytes", "blocks", "available", "last_error", "hits", "misses", "evictions", "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "detaches", "attaches", "skipped_writes", "refused")
     NAME_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,10 @@ class TierStats(_message.Message):
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     READ_BYTES_FIELD_NUMBER: _ClassVar[int]
     WRITE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DETACHES_FIELD_NUMBER: _ClassVar[int]
+    ATTACHES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_WRITES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     name: str
     used_bytes: int
     capacity_bytes: int
@@ -184,7 +188,11 @@ class TierStats(_message.Message):
     errors: int
     read_bytes: int
     write_bytes: int
-    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., available: _Optional[bool] = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., spills: _Optional[int] = ..., promotions: _Optional[int] = ..., dropped: _Optional[int] = ..., errors: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ...) -> None: ...
+    detaches: int
+    attaches: int
+    skipped_writes: int
+    refused: int
+    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., available: _Optional[bool] = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., spills: _Optional[int] = ..., promotions: _Optional[int] = ..., dropped: _Optional[int] = ..., errors: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ..., detaches: _Optional[int] = ..., attaches: _Optional[int] = ..., skipped_writes: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("tiers", "pending_blocks", "pending_bytes")
