@@ -92,6 +92,8 @@ class StoreConfig:
     promote_on_hit: bool = True
     spill_queue_bytes: int = 256 * 1024**2  # bytes waiting to spill before puts block
     tier_retry_s: float = 2.0  # first probe of a detached tier; doubles up to 10x (kvstore/breaker.py)
+    tier_detach_after: int = 3  # consecutive errors that detach a tier (kvstore/breaker.py)
+    ghosts_per_tier: int = 16384  # recently evicted keys each tier remembers, for miss reasons (kvstore/ghosts.py)
     max_block_bytes: int = 64 * 1024**2
     max_batch_bytes: int = 256 * 1024**2  # one Put call (bounds memory: x workers)
     max_message_bytes: int = 8 * 1024**2  # gRPC message limit, both directions
@@ -141,6 +143,10 @@ class StoreConfig:
             raise ConfigError("chunk_bytes must leave room under max_message_bytes")
         if self.max_block_bytes > self.max_batch_bytes or self.workers < 1 or self.spill_queue_bytes <= 0:
             raise ConfigError("invalid limits (max_block_bytes <= max_batch_bytes, workers >= 1)")
+        if self.tier_detach_after < 1:
+            raise ConfigError(f"tier_detach_after must be >= 1, got {self.tier_detach_after}")
+        if self.ghosts_per_tier < 0:
+            raise ConfigError(f"ghosts_per_tier must be >= 0, got {self.ghosts_per_tier}")
         if not 0 < self.min_block_bytes <= self.max_block_bytes:
             raise ConfigError(f"min_block_bytes must be in 1..max_block_bytes, got {self.min_block_bytes}")
         from kvstore import auth  # local: keep config import-light

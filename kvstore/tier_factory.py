@@ -55,6 +55,8 @@ def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredSto
             promote_on_hit=cfg.promote_on_hit,
             spill_queue_bytes=cfg.spill_queue_bytes,
             tier_retry_s=cfg.tier_retry_s,
+            detach_after=cfg.tier_detach_after,
+            ghosts_per_tier=cfg.ghosts_per_tier,
             observer=observer,
         )
     except BaseException:

@@ -91,3 +91,18 @@ def test_bad_config_exits_cleanly(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--cpu", "lots"], capture_output=True, text=True,
                        timeout=60)  # fmt: skip
     assert r.returncode == 2 and "bad size" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_breaker_and_ghost_sizes_reach_the_store(tmp_path) -> None:
+    from kvstore.tier_factory import build_store
+
+    cfg = load_config(["--cpu", "1Mi"], env={"TIERKV_TIER_DETACH_AFTER": "5", "TIERKV_GHOSTS_PER_TIER": "7"})
+    assert (cfg.tier_detach_after, cfg.ghosts_per_tier) == (5, 7)
+    store = build_store(cfg)
+    try:
+        assert store.levels[0].breaker.policy.failures == 5
+        assert store._state.ghosts.per_tier == 7
+    finally:
+        store.close()
+    with pytest.raises(ConfigError, match="tier_detach_after must be >= 1"):
+        load_config(["--cpu", "1Mi"], env={"TIERKV_TIER_DETACH_AFTER": "0"})
