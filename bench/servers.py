@@ -169,7 +169,22 @@ def _redis_argv(port: int, workdir: Path, extra: list[str]) -> list[str]:
             "--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no", *extra]
 
 
-class RedisServer:
+class _Pausable:
+    """pause/resume of a server run as ``self._p`` (a _Process): the hung-server fault."""
+
+    _p: _Process | None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its socket (connections are accepted), nothing answers."""
+        assert self._p is not None
+        self._p.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._p is not None
+        self._p.proc.send_signal(signal.SIGCONT)
+
+
+class RedisServer(_Pausable):
     """One standalone redis-server; ``url`` is ready once the constructor returns.
 
     With ``password`` the server requires it (``requirepass``) and ``url`` carries it."""
@@ -189,15 +204,6 @@ class RedisServer:
         extra = ["--requirepass", self._password] if self._password is not None else []
         self._p = _Process(_redis_argv(self.port, self._workdir, extra), self._workdir, f"redis-{self.port}")
         _start_or_stop(self._p, lambda: _redis_ping(self.port, self._password), 10, "redis-server")
-
-    def pause(self) -> None:
-        """SIGSTOP: the server keeps its socket but answers nothing (a hung server)."""
-        assert self._p is not None
-        self._p.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self._p is not None
-        self._p.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self._p is not None:
@@ -263,7 +269,7 @@ class S3Endpoint:
     region: str = "us-east-1"
 
 
-class SeaweedS3:
+class SeaweedS3(_Pausable):
     """``weed server`` (master + volume + filer + s3 gateway) with one admin identity."""
 
     def __init__(self, workdir: Path, start: bool = True) -> None:
@@ -298,15 +304,6 @@ class SeaweedS3:
         self.stop()
         self._p = _Process(self._argv, self._workdir, "weed")
         _start_or_stop(self._p, self._list_buckets, timeout_s, "seaweedfs s3")
-
-    def pause(self) -> None:
-        """SIGSTOP: connections are accepted (by the kernel), nothing answers."""
-        assert self._p is not None
-        self._p.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self._p is not None
-        self._p.proc.send_signal(signal.SIGCONT)
 
     def _list_buckets(self) -> bool:
         import boto3
