@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         result["headline"] = h
         result["replicas"] = replicas(b, daemons["cpu"], 2 if a.quick else 4, 1024 if a.quick else 2048)
         lengths = [128, 256, 512] if a.quick else [256, 512, 1024, 2048]
-        result["cost_model"] = cost_model_grid(b, daemons, lengths)
+        result["cost_model"] = cost_model_grid(b, daemons, lengths, reps=3, real_reps=1 if a.quick else 3)
         identical = True
         if not a.skip_workloads:
             result["workloads"], identical = workloads(b, daemons, a.quick)

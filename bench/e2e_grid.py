@@ -10,8 +10,10 @@ grid        for each length and each f in RATIOS, a tier speed at which the cost
             by the loader's throttle (``Loader.throttle_bps``, a sleep of bytes / throttle per
             read) to the speed wanted. The model is told that speed: its probe of the real tier
             composed with the throttle it was given (1/speed = 1/probed + 1/throttle), never a
-            warm-up load at it. Each case is a fresh connector; both options are measured, the
-            order alternating case by case (other processes share the machine). The prefill
+            warm-up load at it. Each case is a fresh connector; both options are measured
+            ``reps`` times (3), alternating within the case and which goes first case by case,
+            and judged on their medians (other processes share the machine: one sample of each
+            flipped cases that were 25% from the crossover). The prefill
             model, with the online correction it learns from the engine's timed steps, carries
             from case to case as it would in a running engine; the tiers' models do not.
 
@@ -36,8 +38,9 @@ _REAL_TOLERANCE = 0.1  # a real tier within 10% of the wanted speed is used unth
 
 
 def _case(b: Bench, eng, address: str, ids: list[int], salt: str, load_first: bool,
-          speed: tuple[float, float] | None = None) -> dict:
-    """One decision on a fresh connector. ``speed`` = (wanted bytes/s, throttle bytes/s)."""
+          speed: tuple[float, float] | None = None, reps: int = 1) -> dict:
+    """One decision on a fresh connector, both options measured ``reps`` times each (alternating,
+    medians). ``speed`` = (wanted bytes/s, throttle bytes/s)."""
     conn = b.attach(eng, address, load_mode="always", load_deadline_min_s=600.0)
     try:
         ps = eng.pool.page_size
@@ -64,21 +67,28 @@ def _case(b: Bench, eng, address: str, ids: list[int], salt: str, load_first: bo
             return t, r
 
         order = ("always", "never") if load_first else ("never", "always")
-        measured = {mode: measure(mode) for mode in order}
-        t_load, r_load = measured["always"]
-        t_rec, r_rec = measured["never"]
-        loaded_pages = r_load.cached_tokens // ps
-        if loaded_pages != len(tiers):
-            raise RuntimeError(f"the load-all run loaded {loaded_pages} of {len(tiers)} pages")
-        if r_rec.cached_tokens:
-            raise RuntimeError(f"the recompute run reused {r_rec.cached_tokens} cached tokens")
+        runs: dict[str, list[tuple[float, object]]] = {"always": [], "never": []}
+        for _ in range(reps):
+            for mode in order:
+                runs[mode].append(measure(mode))
+        for _, r in runs["always"]:
+            if r.cached_tokens // ps != len(tiers):
+                raise RuntimeError(f"a load-all run loaded {r.cached_tokens // ps} of {len(tiers)} pages")
+        for _, r in runs["never"]:
+            if r.cached_tokens:
+                raise RuntimeError(f"a recompute run reused {r.cached_tokens} cached tokens")
+        load_runs = [t for t, _ in runs["always"]]
+        rec_runs = [t for t, _ in runs["never"]]
+        t_load, t_rec = statistics.median(load_runs), statistics.median(rec_runs)
         v = fig.grid_verdict(auto.pages > 0, t_load, t_rec)
         return {
             "tier": tier, "prefix_tokens": len(tiers) * ps, "prompt_tokens": len(ids), "probe": probe,
             "throttle_bytes_per_s": throttle or None, "decision": auto.outcome, "pages": auto.pages,
             "predicted_load_ttft_s": load_all.predicted_total_s, "predicted_load_s": load_all.predicted_load_s,
-            "measured_load_ttft_s": t_load, "measured_load_s": r_load.kv.load_s,
+            "measured_load_ttft_s": t_load,
+            "measured_load_s": statistics.median(r.kv.load_s for _, r in runs["always"]),
             "predicted_recompute_s": auto.predicted_recompute_s, "measured_recompute_ttft_s": t_rec,
+            "reps": reps, "measured_load_ttft_runs": load_runs, "measured_recompute_ttft_runs": rec_runs,
             "predicted_ratio": load_all.predicted_total_s / auto.predicted_recompute_s,
             "measured_ratio": t_load / t_rec, "correct": v.correct, "gap": v.gap,
             "chosen_measured_s": v.chosen_s, "best_measured_s": v.best_s, "load_measured_first": load_first,
@@ -105,7 +115,9 @@ def _figures(cases: list[dict]) -> dict:
     }
 
 
-def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratios=RATIOS) -> dict:
+def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratios=RATIOS, reps: int = 3,
+                    real_reps: int = 1) -> dict:
+    """``reps``: measurements of each option per grid case (medians); ``real_reps``: per real-tier case."""
     salt = "grid-" + uuid.uuid4().hex[:6]
     doc, q = b.text(max(lengths)), b.text(16)
     eng = b.engine((max(lengths) + 64) // 16 + 8)
@@ -116,7 +128,7 @@ def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratio
     for n in lengths:
         ids = doc[:n] + q
         for tier, address in daemons.items():
-            real.append(_case(b, eng, address, ids, salt, load_first=n_case % 2 == 0))
+            real.append(_case(b, eng, address, ids, salt, load_first=n_case % 2 == 0, reps=real_reps))
             n_case += 1
             c = real[-1]
             log.info("real %s n=%d: predicted load/recompute %.3f, measured %.3f", tier, n, c["predicted_ratio"],
@@ -137,14 +149,16 @@ def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratio
                 faster = {t: c["probe"]["bytes_per_s"] for t, c in here.items() if c["probe"]["bytes_per_s"] > want}
                 tier = min(faster, key=faster.__getitem__)
                 throttle = fig.throttle_for(want, faster[tier])
-            c = _case(b, eng, daemons[tier], ids, salt, load_first=n_case % 2 == 0, speed=(want, throttle))
+            c = _case(b, eng, daemons[tier], ids, salt, load_first=n_case % 2 == 0, speed=(want, throttle),
+                      reps=reps)
             n_case += 1
             c.update({"target_ratio": f, "wanted_bytes_per_s": want, "base_tier": tier})
             grid.append(c)
             log.info("grid n=%d f=%.2f on %s (throttle %.3g B/s): %s; predicted %.3f, measured load %.3f / "
                      "recompute %.3f%s", n, f, tier, throttle, c["decision"], c["predicted_ratio"],
                      c["measured_load_ttft_s"], c["measured_recompute_ttft_s"], "" if c["correct"] else "  WRONG")
-    out = {"grid_cases": len(grid), "ratios": list(ratios), "lengths": lengths, **_figures(grid)}
+    out = {"grid_cases": len(grid), "ratios": list(ratios), "lengths": lengths, "reps": reps,
+           **_figures(grid)}
     out["real_tiers"] = {
         "reach": {t: {str(c["prompt_tokens"]): c["predicted_ratio"] for c in real if c["tier"] == t}
                   for t in daemons},
