@@ -351,9 +351,10 @@ class TieredStore:
         return self._find_shared(key, consume, failed)
 
     def _find_shared(self, key: bytes, consume: Callable[[memoryview], None], failed: set[int]) -> int | None:
-        """Ask shared levels directly: other nodes may have written the block."""
+        """Ask shared levels directly: other nodes may have written the block (the top level too: a
+        daemon whose only tier is a shared one serves what other nodes wrote, as its lookup says)."""
         for i, lv in enumerate(self.levels):
-            if not lv.options.shared or not lv.available() or i == 0 or i in failed:
+            if not lv.options.shared or not lv.available() or i in failed:
                 continue
             raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
             if raw is not None and self._intact(lv, key, data := bytes(raw)):
@@ -396,7 +397,7 @@ class TieredStore:
             now = self._state.first_level(key)
             deleted_meanwhile = now is None and from_index
             at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
-            if self.promote_on_hit and not self._closed and not at_top and not deleted_meanwhile:
+            if self.promote_on_hit and loc > 0 and not self._closed and not at_top and not deleted_meanwhile:
                 if len(data) <= self.levels[0].capacity and self.levels[0].available():
                     lv.counters.promotions += 1
                     jobs = self._insert_top(key, data)
