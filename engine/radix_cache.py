@@ -69,7 +69,7 @@ class EvictedNode(NamedTuple):
     prefix_tokens: Tokens  # tokens from the root up to the start of this node
     tokens: Tokens  # this node's tokens
     pages: list[int]  # this node's pages (still allocated while the hook runs)
-    salt: str = ""  # tenant (request cache_salt) whose tree held the node
+    salt: str = ""  # tenant (request cache_salt) whose node it was; "" for a shared node (keyed shared)
 
 
 EvictHook = Callable[[list[EvictedNode]], None]
@@ -345,61 +345,10 @@ class RadixCache:
         return out
 
     def check_integrity(self) -> None:
-        """Walk the whole tree; raise AssertionError on any broken invariant."""
-        ps = self.page_size
-        for root in self._roots.values():
-            if root.tokens or root.pages or root.parent is not None or root.lock_ref != 0:
-                raise AssertionError("root must be empty, parentless and unlocked")
-        seen: set[int] = set()
-        evictable = 0
-        stack: list[tuple[TreeNode, Tokens]] = [(r, ()) for r in self._roots.values()]
-        while stack:
-            node, path = stack.pop()
-            child_locks = 0
-            for key, child in node.children.items():
-                where = f"node {child.node_id}"
-                if child.parent is not node:
-                    raise AssertionError(f"{where}: parent link broken")
-                if not child.tokens or len(child.tokens) % ps:
-                    raise AssertionError(f"{where}: {len(child.tokens)} tokens, not a positive multiple of {ps}")
-                if len(child.pages) * ps != len(child.tokens):
-                    raise AssertionError(f"{where}: {len(child.pages)} pages for {len(child.tokens)} tokens")
-                if key != _key(node, child.scope, child.tokens[:ps]):
-                    raise AssertionError(f"{where}: key {key} != first page {child.tokens[:ps]}")
-                self._check_scope(node, child, path)
-                if child.lock_ref < 0:
-                    raise AssertionError(f"{where}: lock_ref {child.lock_ref} < 0")
-                for p in child.pages:
-                    if p in seen:
-                        raise AssertionError(f"{where}: page {p} owned twice")
-                    seen.add(p)
-                    if self.allocator.refcount(p) <= 0:
-                        raise AssertionError(f"{where}: page {p} owned by the tree but free in the allocator")
-                if child.lock_ref == 0:
-                    evictable += len(child.pages)
-                child_locks += child.lock_ref
-                stack.append((child, path + child.tokens))
-            if not self._is_root(node) and node.lock_ref < child_locks:
-                raise AssertionError(f"node {node.node_id}: lock_ref {node.lock_ref} < children's {child_locks}")
-        if seen != self._owned:
-            raise AssertionError(f"owned-page set out of date: walk {len(seen)} vs counter {len(self._owned)}")
-        if evictable != self._evictable:
-            raise AssertionError(f"evictable pages: walk {evictable} vs counter {self._evictable}")
+        """Walk the whole tree; raise AssertionError on any broken invariant (engine/radix_check.py)."""
+        from engine.radix_check import check_integrity
 
-    def _check_scope(self, node: TreeNode, child: TreeNode, path: Tokens) -> None:
-        """A shared node holds declared tokens only, below the shared root or another shared node; a
-        tenant's node starts past the declared tokens and stays below its own tenant's nodes."""
-        where, shared_end = f"node {child.node_id}", self._shared_end(path + child.tokens)
-        if child.scope is None:
-            if node.scope is not None:
-                raise AssertionError(f"{where}: a shared node below tenant {node.scope!r}'s node")
-            if shared_end < len(path) + len(child.tokens):
-                raise AssertionError(f"{where}: a shared node holds tokens outside every declared prefix")
-        else:
-            if node.scope is not None and node.scope != child.scope:
-                raise AssertionError(f"{where}: tenant {child.scope!r}'s node below tenant {node.scope!r}'s")
-            if node is self._roots.get(None) or shared_end > len(path):
-                raise AssertionError(f"{where}: tenant {child.scope!r}'s node holds declared shared pages")
+        check_integrity(self)
 
 
 def _common_pages(node_tokens: Tokens, toks: Tokens, pos: int, end: int, ps: int) -> int:
