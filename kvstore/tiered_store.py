@@ -398,7 +398,8 @@ class TieredStore:
             deleted_meanwhile = now is None and from_index
             at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
             if self.promote_on_hit and loc > 0 and not self._closed and not at_top and not deleted_meanwhile:
-                if len(data) <= self.levels[0].capacity and self.levels[0].available():
+                top = self.levels[0]
+                if len(data) <= top.capacity and top.available() and not top.over_quota(key, len(data)):
                     lv.counters.promotions += 1
                     jobs = self._insert_top(key, data)
         self._spill.submit(jobs)

@@ -109,7 +109,7 @@ def test_a_block_larger_than_the_quota_goes_straight_below(tmp_path: Path) -> No
         assert s.lookup([k]).tiers == ["disk"] and s.stats().tiers[0].quota_spills == 1
         assert s.get(k) == _v(k, 2 * BLOCK)  # served from below; never promoted over the quota
         s.flush()
-        assert s.lookup([k]).tiers == ["disk"]
+        assert s.lookup([k]).tiers == ["disk"] and s.stats().tiers[0].quota_spills == 1
 
 
 def test_metrics_label_a_bounded_number_of_tenants(tmp_path: Path) -> None:
