@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvstore.block import encode_block
-from kvstore.keys import Namespace, chain_keys, tenant_tag
+from kvstore.keys import TENANT_MAGIC, Namespace, chain_keys, tenant_tag
 from kvstore.level import LevelOptions
 from kvstore.metrics import METRIC_TENANTS, StoreMetrics
 from kvstore.tenants import DEFAULT, OTHER, SHARED, name_of_salt, tenant_of
@@ -132,3 +132,30 @@ def test_a_level_refuses_a_negative_quota() -> None:
 
     with pytest.raises(ValueError):
         Level(CpuTier(BLOCK), LevelOptions(), quota=-1)
+
+
+def test_a_second_store_on_a_shared_tier_serves_a_tenants_blocks(redis_url: str) -> None:
+    """Another node (a fresh store whose only tier is the same Redis) finds the tenant's block under
+    its tag, in Redis itself: its lookup and its get agree (the get once skipped a shared top tier)."""
+    import uuid
+
+    import redis as redis_py
+
+    from tiers.redis import RedisTier
+
+    prefix = f"ten-{uuid.uuid4().hex[:8]}:".encode()
+    salt = f"tenant-{uuid.uuid4().hex[:6]}"
+    (k,) = _keys(salt, 1)
+    shared = LevelOptions(shared=True, write_through=True)
+    with TieredStore([(RedisTier(redis_url, 64 * BLOCK, prefix=prefix), shared)]) as first:
+        assert first.put(k, _v(k))
+    r = redis_py.Redis.from_url(redis_url)
+    try:
+        assert r.exists(prefix + k) and k.startswith(TENANT_MAGIC + tenant_tag(salt))  # the tag is in the server's key
+    finally:
+        r.close()
+    with TieredStore([(RedisTier(redis_url, 64 * BLOCK, prefix=prefix), shared)]) as second:
+        assert second.lookup([k]).tiers == ["redis"]
+        assert second.get(k) == _v(k)
+        assert second.stats().tiers[0].promotions == 0  # not copied into the very tier it came from
+        second.delete(k)
