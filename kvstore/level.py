@@ -188,14 +188,16 @@ class Level:
         leaving = sum(self.index[k] for k in self.leaving if tenant_of(k) == tenant)
         excess = self.tenants.used(tenant) - leaving + size - self.quota
         out: list[tuple[bytes, int]] = []
-        for vkey, vsize in self.tenants.oldest(tenant):
-            if excess <= 0:
-                break
+        if excess <= 0:
+            return out
+        for vkey, vsize in self.tenants.oldest(tenant):  # marking leaving does not reorder it
             if vkey in self.leaving or vkey == key:
                 continue
             self._mark_leaving(vkey, vsize)
             out.append((vkey, vsize))
             excess -= vsize
+            if excess <= 0:
+                break
         return out
 
     def start(self) -> None:

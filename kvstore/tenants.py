@@ -97,10 +97,11 @@ class TenantUsage:
         return row[0] if row else 0
 
     def oldest(self, tenant: str) -> Iterator[tuple[bytes, int]]:
-        """The tenant's keys, least recently used first (an ``ordered`` usage only)."""
+        """The tenant's keys, least recently used first (an ``ordered`` usage only). Lazy, no copy:
+        take what you need, and add, remove or touch nothing while iterating."""
         if self._order is None:
             raise RuntimeError("this level does not order its tenants' keys")
-        yield from list(self._order.get(tenant, {}).items())
+        return iter(self._order.get(tenant, {}).items())
 
     def quota_spilled(self, tenant: str) -> None:
         self._spills[tenant] = self._spills.pop(tenant, 0) + 1
