@@ -52,7 +52,8 @@ class KVConnector:
         self.pool = engine.pool
         self.page_size = engine.pool.page_size
         self.metrics = ConnectorMetrics()
-        self.keyspace = KeySpace(engine.loaded.fingerprint, engine.arch.model_type, self.page_size, engine.pool.dtype)
+        self.keyspace = KeySpace(engine.loaded.fingerprint, engine.arch.model_type, self.page_size, engine.pool.dtype,
+                                 shared=engine.radix.shared)  # the pages the radix tree shares: keyed shared too
         self.known = KnownKeys(config.known_keys)
         one_try = Retry(attempts=1)
         self._load_client = KVStoreClient(config.address, deadline_s=config.lookup_deadline_s, retry=one_try,

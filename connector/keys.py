@@ -2,7 +2,13 @@
 the model fingerprint, page size, KV dtype and the request's tenant salt (``cache_salt``).
 
 Two tenants therefore never compute the same key for the same tokens, and two engines with the
-same model and settings always do (no Python ``hash()`` anywhere: stable across processes).
+same model and settings always do (no Python ``hash()`` anywhere: stable across processes). A
+salted request's keys carry its tenant's tag (the daemon's accounting, kvstore/tenants.py).
+
+The leading pages of a prompt that lie inside an operator-declared shared prefix
+(engine/shared_prefix.py, the same object the engine's radix tree routes by) are keyed in the
+shared namespace, so every tenant finds them; the pages after them chain on under the tenant's
+salt. Only the declared tokens are ever keyed shared.
 """
 
 from __future__ import annotations
@@ -11,12 +17,17 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.shared_prefix import SharedPrefixes
 from kvstore.keys import BlockKey, Namespace, chain_keys
 
 
 class KeySpace:
-    def __init__(self, fingerprint: str, model_type: str, page_size: int, dtype: torch.dtype) -> None:
+    def __init__(self, fingerprint: str, model_type: str, page_size: int, dtype: torch.dtype,
+                 shared: SharedPrefixes | None = None) -> None:  # fmt: skip
+        if shared is not None and shared.page_size != page_size:
+            raise ValueError(f"shared prefixes of {shared.page_size}-token pages for keys of {page_size}")
         self.page_size = page_size
+        self.shared = shared or SharedPrefixes((), page_size)
         self._base = Namespace(arch=model_type, weights_digest=fingerprint, kv_dtype=str(dtype).removeprefix("torch."),
                                page_size=page_size)
         self._by_salt: dict[str, Namespace] = {"": self._base}
@@ -30,4 +41,5 @@ class KeySpace:
 
     def keys(self, tokens: Sequence[int], salt: str | None) -> list[BlockKey]:
         """Keys of every full page of ``tokens`` (a trailing partial page has none)."""
-        return chain_keys(self.namespace(salt), list(tokens), self.page_size)
+        tokens = list(tokens)
+        return chain_keys(self.namespace(salt), tokens, self.page_size, shared_pages=self.shared.shared_pages(tokens))

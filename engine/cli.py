@@ -53,6 +53,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help=_field_help("kvstore daemon address (attaches the connector)", "kvstore"))
     p.add_argument("--kv-connector", default=None,
                    help=_field_help("connector plug-in --kvstore attaches (engine/plugins.py)", "kv_connector"))
+    p.add_argument("--shared-prefix-file", default=None, metavar="FILE",
+                   help=_field_help("YAML list of prompts ({text: ...} or {ids: [...]}) whose KV every tenant shares "
+                                    "(docs/operations.md, Tenants)", "shared_prefix_file"))
     p.add_argument("--check-config", action="store_true", help="validate flags and environment, then exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -91,7 +94,7 @@ def _config(a: argparse.Namespace) -> EngineConfig:
         kv_memory=parse_size(a.kv_memory) if a.kv_memory else None, num_pages=a.num_pages,
         page_size=a.page_size, max_num_seqs=a.max_num_seqs, max_prefill_tokens=a.max_prefill_tokens,
         max_model_len=a.max_model_len, attention_backend=a.attention_backend, num_threads=a.num_threads,
-        kv_connector=a.kv_connector)
+        kv_connector=a.kv_connector, shared_prefix_file=a.shared_prefix_file)
 
 
 def build_engine(cfg: EngineConfig, kvstore: str | None = None):
@@ -248,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             if a.metrics_listen:
                 host_port(a.metrics_listen, "--metrics-listen")
         _check_plugins(a, cfg)  # before the model loads: a bad TIERKV_* value is one line, not a traceback
+        if cfg.shared_prefix_file:
+            from engine.shared_prefix import read_entries
+
+            read_entries(cfg.shared_prefix_file)  # a bad file is one line too
         if a.check_config:
             return _check(a, cfg)
     except ValueError as e:  # a bad flag or env value (ConfigError is one): one line, no traceback

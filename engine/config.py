@@ -26,6 +26,7 @@ class EngineConfig:
     served_model_name: str = ""
     kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)
     kv_connector: str = "tierkv"  # which registered connector --kvstore attaches (engine/plugins.py)
+    shared_prefix_file: str = ""  # YAML list of prompts every tenant shares the KV of (engine/shared_prefix.py)
 
     def __post_init__(self) -> None:
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):

@@ -28,6 +28,7 @@ from engine.radix_cache import EvictedNode, RadixCache
 from engine.request import HookState, Request, RequestOutput, Status
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
+from engine.shared_prefix import SharedPrefixes
 from engine.stop import StopChecker
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,9 @@ class LLMEngine:
         num_pages = config.num_pages or KVPool.pages_for_budget(self.arch, config.kv_memory, config.page_size,
                                                                   self.dtype)
         self.pool = KVPool(self.arch, num_pages, config.page_size, self.dtype, self.device)
-        self.radix = RadixCache(config.page_size, self.pool.allocator, on_evict=self._on_evict)
+        shared = SharedPrefixes.from_file(config.shared_prefix_file, self.tokenizer, config.page_size) \
+            if config.shared_prefix_file else None
+        self.radix = RadixCache(config.page_size, self.pool.allocator, on_evict=self._on_evict, shared=shared)
         # plug-ins, set by the composition root (connector/wiring.py); the engine runs without them
         self.evict_listeners: list[Callable[[list[EvictedNode]], None]] = []
         #: told after each step: (tokens fed, tokens already cached) per sequence, and the step's

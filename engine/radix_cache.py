@@ -11,7 +11,12 @@ eviction cannot take the path away while it runs.
 
 Tenants: every ``cache_salt`` has its own root, so requests of different tenants never share a
 node (nor its pages); evicted nodes carry their salt so an offloader keys them in that tenant's
-namespace.
+namespace. The one exception is what the operator declared shared (engine/shared_prefix.py): the
+leading pages of a prompt that lie inside a declared prefix live under a shared root, whatever the
+salt, and a tenant's pages after them hang below the last shared node, keyed by (salt, first page)
+so tenants still never share a node past the declared tokens. Each node records its ``scope``
+(its tenant's salt, or None for a shared node); ``match_prefix`` and ``insert`` take the request's
+salt and route each page themselves, so callers need not know what is shared.
 
 Locks count along the path: ``lock(node)`` adds one to the node and every ancestor (the root is
 never counted), so a node's ``lock_ref`` is its own locks plus the sum of its children's. A node
@@ -27,24 +32,28 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from engine.page_allocator import PageAllocator
+from engine.shared_prefix import SharedPrefixes
 
 Tokens = tuple[int, ...]
+Scope = str | None  # a tenant's salt ("" = no salt), or None: the operator-declared shared namespace
+ChildKey = Tokens | tuple[str, Tokens]
 
 
 class TreeNode:
     """One edge of the radix tree. Read-only for callers; only RadixCache mutates it."""
 
-    __slots__ = ("node_id", "tokens", "pages", "parent", "children", "lock_ref", "last_access")
+    __slots__ = ("node_id", "tokens", "pages", "parent", "children", "lock_ref", "last_access", "scope")
 
     def __init__(self, node_id: int, tokens: Tokens, pages: list[int], parent: TreeNode | None,
-                 last_access: int, lock_ref: int = 0) -> None:
+                 last_access: int, lock_ref: int = 0, scope: Scope = "") -> None:
         self.node_id = node_id
         self.tokens = tokens
         self.pages = pages
         self.parent = parent  # None for the root and for nodes removed from the tree
-        self.children: dict[Tokens, TreeNode] = {}
+        self.children: dict[ChildKey, TreeNode] = {}  # see _key
         self.lock_ref = lock_ref
         self.last_access = last_access
+        self.scope = scope  # the tenant salt of its pages; None: declared shared (module notes)
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.node_id}, tokens={len(self.tokens)}, pages={self.pages}, lock={self.lock_ref})"
@@ -60,10 +69,16 @@ class EvictedNode(NamedTuple):
     prefix_tokens: Tokens  # tokens from the root up to the start of this node
     tokens: Tokens  # this node's tokens
     pages: list[int]  # this node's pages (still allocated while the hook runs)
-    salt: str = ""  # tenant (request cache_salt) whose tree held the node
+    salt: str = ""  # tenant (request cache_salt) whose node it was; "" for a shared node (keyed shared)
 
 
 EvictHook = Callable[[list[EvictedNode]], None]
+
+
+def _key(parent: TreeNode, scope: Scope, first_page: Tokens) -> ChildKey:
+    """A child's key in ``parent.children``: its first page, and below a shared node also the
+    tenant's salt for a tenant's child (tenants continuing one shared prompt never share a node)."""
+    return (scope, first_page) if parent.scope is None and scope is not None else first_page
 
 
 def _as_tuple(tokens: Sequence[int]) -> Tokens:
@@ -74,16 +89,21 @@ def _as_tuple(tokens: Sequence[int]) -> Tokens:
 
 
 class RadixCache:
-    def __init__(self, page_size: int, allocator: PageAllocator, on_evict: EvictHook | None = None) -> None:
+    def __init__(self, page_size: int, allocator: PageAllocator, on_evict: EvictHook | None = None,
+                 shared: SharedPrefixes | None = None) -> None:
         if page_size <= 0:
             raise ValueError(f"page_size must be > 0, got {page_size}")
+        if shared is not None and shared.page_size != page_size:
+            raise ValueError(f"shared prefixes of {shared.page_size}-token pages for a tree of {page_size}")
         self.page_size = page_size
         self.allocator = allocator
         self.on_evict = on_evict
+        self.shared = shared or SharedPrefixes((), page_size)  # the operator's declared shared prefixes
         self._ids = itertools.count()
         self._clock = 0  # LRU clock: bumped once per match/insert, never wall time
         self._root = TreeNode(next(self._ids), (), [], None, 0)
-        self._roots: dict[str, TreeNode] = {"": self._root}  # one tree per tenant salt
+        # one tree per tenant salt; None: the shared tree (no salt spells None)
+        self._roots: dict[Scope, TreeNode] = {"": self._root}
         self._owned: set[int] = set()
         self._evictable = 0  # pages in nodes with lock_ref == 0
         self.tokens_requested = 0
@@ -95,13 +115,17 @@ class RadixCache:
     def root(self) -> TreeNode:
         return self._root
 
-    def _root_for(self, salt: str | None) -> TreeNode:
-        """The tree of one tenant: requests with different salts never share a node."""
-        salt = salt or ""
-        root = self._roots.get(salt)
+    def _root_for(self, scope: Scope) -> TreeNode:
+        """The tree of one tenant (requests with different salts never share a node), or with
+        None the shared tree."""
+        root = self._roots.get(scope)
         if root is None:
-            root = self._roots[salt] = TreeNode(next(self._ids), (), [], None, 0)
+            root = self._roots[scope] = TreeNode(next(self._ids), (), [], None, 0, scope=scope)
         return root
+
+    def _shared_end(self, toks: Tokens) -> int:
+        """Tokens of the leading pages of ``toks`` inside a declared shared prefix."""
+        return self.shared.shared_pages(toks) * self.page_size if self.shared else 0
 
     def _is_root(self, node: TreeNode) -> bool:
         return node.parent is None and not node.tokens
@@ -111,7 +135,7 @@ class RadixCache:
         the match ends inside it. Refreshes the LRU clock along the path; takes no page refs."""
         toks = _as_tuple(tokens)
         pages: list[int] = []
-        node, num = self._walk(toks, pages, self._root_for(salt))
+        node, num = self._walk(toks, pages, salt or "", self._shared_end(toks))
         if record_stats:
             self.tokens_requested += len(toks)
             self.tokens_hit += num
@@ -128,7 +152,9 @@ class RadixCache:
         ps = self.page_size
         if len(toks) != len(pages) * ps:
             raise ValueError(f"{len(toks)} tokens for {len(pages)} pages of {ps}")
-        node, num = self._walk(toks, None, self._root_for(salt))
+        salt = salt or ""
+        shared_end = self._shared_end(toks)
+        node, num = self._walk(toks, None, salt, shared_end)
         if num == len(toks):
             return num
         new_pages = pages[num // ps:]
@@ -140,23 +166,30 @@ class RadixCache:
             if self.allocator.refcount(p) <= 0:
                 raise ValueError(f"page {p} is free; the caller must hold a ref on it")
         self.allocator.incref(new_pages)
-        leaf = TreeNode(next(self._ids), toks[num:], new_pages, node, self._clock)
-        node.children[leaf.tokens[:ps]] = leaf
+        # the new pages inside the declared prefix go below a shared node, the rest the tenant's
+        for lo, hi, scope in ((num, shared_end, None), (max(num, shared_end), len(toks), salt)):
+            if hi > lo:
+                leaf = TreeNode(next(self._ids), toks[lo:hi], pages[lo // ps : hi // ps], node, self._clock,
+                                scope=scope)
+                node.children[_key(node, scope, leaf.tokens[:ps])] = leaf
+                node = leaf
         self._owned.update(new_pages)
         self._evictable += len(new_pages)
         return num
 
-    def _walk(self, toks: Tokens, pages_out: list[int] | None, root: TreeNode) -> tuple[TreeNode, int]:
-        """Follow ``toks`` down whole pages; split where the match ends inside a node."""
+    def _walk(self, toks: Tokens, pages_out: list[int] | None, salt: str, shared_end: int) -> tuple[TreeNode, int]:
+        """Follow ``toks`` down whole pages (the first ``shared_end`` tokens in the shared tree, then
+        the tenant ``salt``'s); split where the match ends inside a node."""
         ps = self.page_size
         end = len(toks) - len(toks) % ps
         self._clock += 1
-        node, pos = root, 0
+        node, pos = self._root_for(None if shared_end else salt), 0
         while pos < end:
-            child = node.children.get(toks[pos:pos + ps])
+            scope = None if pos < shared_end else salt
+            child = node.children.get(_key(node, scope, toks[pos:pos + ps]))
             if child is None:
                 break
-            n = _common_pages(child.tokens, toks, pos, end, ps)
+            n = _common_pages(child.tokens, toks, pos, shared_end if scope is None else end, ps)
             partial = n < len(child.pages)
             if partial:
                 child = self._split(child, n)
@@ -176,12 +209,12 @@ class RadixCache:
         parent = child.parent
         assert parent is not None and 0 < n_pages < len(child.pages)
         head = TreeNode(next(self._ids), child.tokens[:k], child.pages[:n_pages], parent,
-                        child.last_access, child.lock_ref)
-        parent.children[head.tokens[:ps]] = head
+                        child.last_access, child.lock_ref, scope=child.scope)
+        parent.children[_key(parent, head.scope, head.tokens[:ps])] = head
         child.tokens = child.tokens[k:]
         child.pages = child.pages[n_pages:]
         child.parent = head
-        head.children[child.tokens[:ps]] = child
+        head.children[_key(head, child.scope, child.tokens[:ps])] = child
         return head
 
     # ------------------------------------------------------------------ locks
@@ -244,7 +277,7 @@ class RadixCache:
         ps = self.page_size
         for node in victims:
             assert node.parent is not None and not node.children
-            del node.parent.children[node.tokens[:ps]]
+            del node.parent.children[_key(node.parent, node.scope, node.tokens[:ps])]
             node.parent = None
             self.allocator.decref(node.pages)
             self._owned.difference_update(node.pages)
@@ -252,27 +285,25 @@ class RadixCache:
         return released
 
     def _describe(self, victims: list[TreeNode]) -> list[EvictedNode]:
-        # node -> (salt of its root, tokens from the root to the node's end), memoised so that
-        # victims sharing ancestors walk each path once
-        paths: dict[TreeNode, tuple[str, Tokens]] = {r: (s, ()) for s, r in self._roots.items()}
+        # node -> tokens from the root to the node's end, memoised so that victims sharing
+        # ancestors walk each path once; the salt is the victim's own scope ("" for a shared node:
+        # its pages are keyed in the shared namespace whatever the salt)
+        paths: dict[TreeNode, Tokens] = {r: () for r in self._roots.values()}
 
-        def path_of(node: TreeNode) -> tuple[str, Tokens]:
+        def path_of(node: TreeNode) -> Tokens:
             chain: list[TreeNode] = []
             n = node
             while n not in paths:
                 chain.append(n)
                 n = n.parent  # type: ignore[assignment]
-            salt, acc = paths[n]
+            acc = paths[n]
             for a in reversed(chain):
                 acc = acc + a.tokens
-                paths[a] = (salt, acc)
-            return salt, acc
+                paths[a] = acc
+            return acc
 
-        out = []
-        for v in victims:
-            salt, prefix = path_of(v.parent)  # type: ignore[arg-type]
-            out.append(EvictedNode(prefix, v.tokens, list(v.pages), salt))
-        return out
+        return [EvictedNode(path_of(v.parent), v.tokens, list(v.pages), v.scope or "")  # type: ignore[arg-type]
+                for v in victims]
 
     # ------------------------------------------------------------------ accounting
 
@@ -314,45 +345,10 @@ class RadixCache:
         return out
 
     def check_integrity(self) -> None:
-        """Walk the whole tree; raise AssertionError on any broken invariant."""
-        ps = self.page_size
-        for root in self._roots.values():
-            if root.tokens or root.pages or root.parent is not None or root.lock_ref != 0:
-                raise AssertionError("root must be empty, parentless and unlocked")
-        seen: set[int] = set()
-        evictable = 0
-        stack = list(self._roots.values())
-        while stack:
-            node = stack.pop()
-            child_locks = 0
-            for key, child in node.children.items():
-                where = f"node {child.node_id}"
-                if child.parent is not node:
-                    raise AssertionError(f"{where}: parent link broken")
-                if not child.tokens or len(child.tokens) % ps:
-                    raise AssertionError(f"{where}: {len(child.tokens)} tokens, not a positive multiple of {ps}")
-                if len(child.pages) * ps != len(child.tokens):
-                    raise AssertionError(f"{where}: {len(child.pages)} pages for {len(child.tokens)} tokens")
-                if key != child.tokens[:ps]:
-                    raise AssertionError(f"{where}: key {key} != first page {child.tokens[:ps]}")
-                if child.lock_ref < 0:
-                    raise AssertionError(f"{where}: lock_ref {child.lock_ref} < 0")
-                for p in child.pages:
-                    if p in seen:
-                        raise AssertionError(f"{where}: page {p} owned twice")
-                    seen.add(p)
-                    if self.allocator.refcount(p) <= 0:
-                        raise AssertionError(f"{where}: page {p} owned by the tree but free in the allocator")
-                if child.lock_ref == 0:
-                    evictable += len(child.pages)
-                child_locks += child.lock_ref
-                stack.append(child)
-            if not self._is_root(node) and node.lock_ref < child_locks:
-                raise AssertionError(f"node {node.node_id}: lock_ref {node.lock_ref} < children's {child_locks}")
-        if seen != self._owned:
-            raise AssertionError(f"owned-page set out of date: walk {len(seen)} vs counter {len(self._owned)}")
-        if evictable != self._evictable:
-            raise AssertionError(f"evictable pages: walk {evictable} vs counter {self._evictable}")
+        """Walk the whole tree; raise AssertionError on any broken invariant (engine/radix_check.py)."""
+        from engine.radix_check import check_integrity
+
+        check_integrity(self)
 
 
 def _common_pages(node_tokens: Tokens, toks: Tokens, pos: int, end: int, ps: int) -> int:

@@ -37,7 +37,7 @@ from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.retry import Retry
 from kvstore.shm import Handle, ShmPool, ShmSegment
-from kvstore.store_types import LookupResult, StoreStats, TierStats
+from kvstore.store_types import LookupResult, StoreStats, TenantStats, TierStats
 from kvstore.stream_client import StreamChannel
 from tiers.base import Buffer
 
@@ -191,7 +191,8 @@ class KVStoreClient:
     def stats(self) -> StoreStats:
         r = self._call(lambda: self._stub.Stats(pb.StatsRequest(), timeout=self.deadline_s))
         tiers = [TierStats(**{f: getattr(t, f) for f in TierStats._fields}) for t in r.tiers]
-        return StoreStats(tiers, r.pending_blocks, r.pending_bytes)
+        tenants = [TenantStats(**{f: getattr(t, f) for f in TenantStats._fields}) for t in r.tenants]
+        return StoreStats(tiers, r.pending_blocks, r.pending_bytes, tenants)
 
     def trace_start(self, out: str = "", max_records: int = 0) -> str:
         """Start the daemon's access trace (kvstore/trace.py); returns the file ``trace_stop`` writes."""

@@ -113,6 +113,7 @@ class StoreConfig:
     tls_client_ca: str = ""  # ... and require client certificates signed by this CA (mutual TLS)
     min_block_bytes: int = 4 * 1024  # no KV page is smaller (16 tokens x 1 layer x K,V x 64 dims x fp16): a tier below it is refused
     stats_interval_s: float = 60.0  # log a one-line stats summary this often (0 = never)
+    tenant_quota_bytes: int = 0  # bytes each tenant may hold in the top tier; over it, its own oldest spill (0 = off)
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -126,6 +127,11 @@ class StoreConfig:
                     f"{t.kind} tier: capacity {t.capacity_bytes} B is smaller than one block (min_block_bytes = "
                     f"{format_size(self.min_block_bytes)}); sizes without a unit are bytes: did you mean "
                     f"{t.capacity_bytes}Mi or {t.capacity_bytes}Gi?")
+        if self.tenant_quota_bytes and not self.min_block_bytes <= self.tenant_quota_bytes:
+            raise ConfigError(
+                f"tenant_quota_bytes {self.tenant_quota_bytes} B is smaller than one block (min_block_bytes = "
+                f"{format_size(self.min_block_bytes)}): no tenant could keep a block in the top tier; 0 turns the "
+                f"quota off; sizes without a unit are bytes: did you mean {self.tenant_quota_bytes}Mi?")
         if self.stats_interval_s < 0:
             raise ConfigError(f"stats_interval_s must be >= 0 (0 = off), got {self.stats_interval_s}")
         _check_host_port("listen", self.listen)

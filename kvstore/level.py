@@ -13,6 +13,11 @@ its index, used bytes and capacity cover only the blocks this store wrote since 
 evicting one of them only stops tracking it. The shared server enforces the real budget (Redis
 ``maxmemory`` + an eviction policy, a key TTL, an S3 lifecycle rule), so one node restarting
 with a small capacity never deletes blocks other nodes wrote.
+
+Tenants (kvstore/tenants.py): the level counts bytes and blocks per tenant tag as keys come and go.
+With a ``quota`` (the top level only) a tenant holds at most that many bytes here: a put of a
+tenant at its quota marks that tenant's own least recently used blocks as victims
+(``quota_victims``), so one tenant's flood spills its own blocks, never another tenant's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 
 from kvstore.breaker import Breaker
 from kvstore.eviction import EvictionPolicy, make_eviction_policy
+from kvstore.tenants import TenantUsage, tenant_of
 from tiers.base import Tier
 from tiers.errors import TierFull, TierUnavailable
 
@@ -51,6 +57,7 @@ class TierCounters:
     attaches: int = 0  # times a probe found it answering and attached it again
     skipped_writes: int = 0  # blocks not written here because the tier was detached
     refused: int = 0  # writes the tier refused for lack of room (TierFull): evicted, or went on below
+    quota_spills: int = 0  # blocks moved below (or kept out of) this level because their tenant was at its quota
 
 
 @dataclass
@@ -58,6 +65,7 @@ class Level:
     tier: Tier
     options: LevelOptions
     breaker: Breaker = field(default_factory=Breaker)
+    quota: int = 0  # bytes each tenant may hold here (0 = no quota; the top level only)
     index: dict[bytes, int] = field(default_factory=dict)
     used: int = 0
     counters: TierCounters = field(default_factory=TierCounters)
@@ -65,9 +73,13 @@ class Level:
     leaving_bytes: int = 0
     last_error: str = ""
     eviction: EvictionPolicy = field(init=False)
+    tenants: TenantUsage = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.quota < 0:
+            raise ValueError(f"quota must be >= 0, got {self.quota}")
         self.eviction = make_eviction_policy(self.options.eviction, self.tier.capacity_bytes)
+        self.tenants = TenantUsage(ordered=self.quota > 0)
 
     @property
     def name(self) -> str:
@@ -125,6 +137,7 @@ class Level:
         self.index[key] = size
         self.used += size
         self.eviction.on_insert(key, size)
+        self.tenants.add(key, size)
 
     def remove(self, key: bytes) -> int | None:
         size = self.index.pop(key, None)
@@ -132,6 +145,7 @@ class Level:
             return None
         self.used -= size
         self.eviction.on_remove(key)
+        self.tenants.remove(key, size)
         if key in self.leaving:
             self.leaving.discard(key)
             self.leaving_bytes -= size
@@ -139,6 +153,12 @@ class Level:
 
     def touch(self, key: bytes) -> None:
         self.eviction.on_access(key)
+        self.tenants.touch(key)
+
+    def _mark_leaving(self, key: bytes, vsize: int) -> None:
+        self.eviction.on_remove(key)
+        self.leaving.add(key)
+        self.leaving_bytes += vsize
 
     def pick_victims(self, size: int) -> list[tuple[bytes, int]]:
         """Mark victims as leaving until ``size`` more bytes fit. They stay readable meanwhile."""
@@ -151,9 +171,33 @@ class Level:
             vsize = self.index.get(key)
             if vsize is None or key in self.leaving:
                 continue
-            self.leaving.add(key)
-            self.leaving_bytes += vsize
+            self._mark_leaving(key, vsize)
             out.append((key, vsize))
+        return out
+
+    def over_quota(self, key: bytes, size: int) -> bool:
+        """Whether a block of ``size`` bytes under ``key`` is larger than its tenant's whole quota."""
+        return 0 < self.quota < size
+
+    def quota_victims(self, key: bytes, size: int) -> list[tuple[bytes, int]]:
+        """Mark ``key``'s tenant's least recently used blocks as leaving until ``size`` more of its
+        bytes fit in its quota (none without a quota). Other tenants' blocks are never picked."""
+        if not self.quota:
+            return []
+        tenant = tenant_of(key)
+        leaving = sum(self.index[k] for k in self.leaving if tenant_of(k) == tenant)
+        excess = self.tenants.used(tenant) - leaving + size - self.quota
+        out: list[tuple[bytes, int]] = []
+        if excess <= 0:
+            return out
+        for vkey, vsize in self.tenants.oldest(tenant):  # marking leaving does not reorder it
+            if vkey in self.leaving or vkey == key:
+                continue
+            self._mark_leaving(vkey, vsize)
+            out.append((vkey, vsize))
+            excess -= vsize
+            if excess <= 0:
+                break
         return out
 
     def start(self) -> None:

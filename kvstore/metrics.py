@@ -39,7 +39,11 @@ _COUNTERS = {
     "attaches": "Times a background probe found this tier answering and attached it again",
     "skipped_writes": "Blocks not written to this tier because it was detached",
     "refused": "Writes this tier refused for lack of room (lmdb map full): victims evicted, or the block went below",
+    "quota_spills": "Blocks moved below the top tier (or kept out of it) because their tenant was at its quota",
 }
+#: tenants labelled per tier on /metrics (the largest by bytes); the rest are summed under tenant="_other",
+#: so a daemon with thousands of tenants exports at most this many series per tier and metric
+METRIC_TENANTS = 16
 
 
 class _StoreCollector(Collector):
@@ -47,7 +51,7 @@ class _StoreCollector(Collector):
         self._store = store
 
     def collect(self) -> Iterator[Metric]:
-        st = self._store.stats()
+        st = self._store.stats(tenant_rows=METRIC_TENANTS)
         gauges = {
             "used_bytes": GaugeMetricFamily("tierkv_tier_used_bytes", "Bytes the store tracks in the tier (shared tier: its own writes)", labels=["tier"]),
             "capacity_bytes": GaugeMetricFamily("tierkv_tier_capacity_bytes", "Configured bytes", labels=["tier"]),
@@ -65,6 +69,16 @@ class _StoreCollector(Collector):
                 fam.add_metric([t.name], float(getattr(t, name)))
         yield from gauges.values()
         yield from counters.values()
+        t_bytes = GaugeMetricFamily("tierkv_tenant_used_bytes", "Bytes of one tenant in the tier (tenant: the 12-hex "
+                                    "tag its keys carry, default, shared; the tenants past the largest "
+                                    f"{METRIC_TENANTS} per tier summed as _other)", labels=["tier", "tenant"])
+        t_blocks = GaugeMetricFamily("tierkv_tenant_blocks", "Blocks of one tenant in the tier (as "
+                                     "tierkv_tenant_used_bytes)", labels=["tier", "tenant"])
+        for row in st.tenants:
+            t_bytes.add_metric([row.tier, row.tenant], float(row.used_bytes))
+            t_blocks.add_metric([row.tier, row.tenant], float(row.blocks))
+        yield t_bytes
+        yield t_blocks
         pend = GaugeMetricFamily("tierkv_spill_queue_bytes", "Bytes waiting to spill to a lower tier")
         pend.add_metric([], float(st.pending_bytes))
         yield pend

@@ -77,6 +77,8 @@ OPTIONS: tuple[Option, ...] = (
             "off"),
     _scalar("--shm-max-bytes", "shm_max_bytes", "shared memory all clients may map", "4Gi"),
     _scalar("--stats-interval", "stats_interval_s", "log a one-line stats summary every N seconds (0 = off)", "60"),
+    _scalar("--tenant-quota", "tenant_quota_bytes", "bytes each tenant may hold in the top tier, e.g. 512Mi; a "
+            "tenant over it has its own oldest blocks spilled down (0 = no quota)", "0"),
     _scalar("--no-promote", "promote_on_hit", "do not promote blocks to faster tiers on a hit", "promote",
             switch=False),
     _scalar("--no-shm", "shm", "disable the shared-memory path", "enabled", switch=False),
@@ -94,7 +96,7 @@ CONFIG_ENV = "TIERKV_CONFIG"
 _METAVARS = {"--cpu": "SIZE", "--disk": "PATH[:SIZE]", "--s3": "URL", "--s3-endpoint": "URL", "--s3-capacity": "SIZE",
              "--s3-admit-hits": "N", "--redis": "URL", "--redis-capacity": "SIZE", "--eviction": "POLICY",
              "--listen": "HOST:PORT", "--metrics-port": "PORT", "--metrics-listen": "HOST:PORT",
-             "--shm-max-bytes": "SIZE", "--stats-interval": "SECONDS", "--stream-port": "PORT",
+             "--shm-max-bytes": "SIZE", "--stats-interval": "SECONDS", "--tenant-quota": "SIZE", "--stream-port": "PORT",
              "--token-file": "FILE", "--tls-cert": "FILE", "--tls-key": "FILE", "--tls-client-ca": "FILE"}
 
 

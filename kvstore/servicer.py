@@ -88,6 +88,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             tiers=[pb.TierStats(**t._asdict()) for t in st.tiers],
             pending_blocks=st.pending_blocks,
             pending_bytes=st.pending_bytes,
+            tenants=[pb.TenantStats(**t._asdict()) for t in st.tenants],
         )
 
     def AttachShm(self, request: pb.AttachShmRequest, context: grpc.ServicerContext) -> pb.AttachShmResponse:

@@ -16,7 +16,9 @@ from kvstore.store_types import StoreStats, TierStats
 JSON_VERSION = 1
 TIER_KEYS = ("name", "used_bytes", "capacity_bytes", "blocks", "hits", "misses", "hit_ratio", "evictions",
              "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "available", "last_error",
-             "refused", "detaches", "attaches", "skipped_writes")
+             "refused", "detaches", "attaches", "skipped_writes", "quota_spills")
+TENANT_KEYS = ("tier", "tenant", "used_bytes", "blocks", "quota_spills")
+TABLE_TENANTS = 10  # tenants the table shows per tier (the JSON has every one the daemon sent)
 
 
 def hit_ratio(t: TierStats) -> float | None:
@@ -41,13 +43,32 @@ def table(st: StoreStats) -> str:
     lines = ["  ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=True)) for row in (cols, *rows)]
     lines.append(f"spill queue: {st.pending_blocks} blocks, {format_size(st.pending_bytes)}")
     lines += [f"{t.name} last error: {t.last_error}" for t in st.tiers if t.last_error]
+    lines += tenant_table(st)
     return "\n".join(lines)
+
+
+def tenant_table(st: StoreStats) -> list[str]:
+    """Per tier, its largest tenants (kvstore/tenants.py names them); nothing when no tier holds any."""
+    if not st.tenants:
+        return []
+    cols = ("tier", "tenant", "used", "blocks", "quota spills")
+    rows: list[tuple[object, ...]] = []
+    for tier in dict.fromkeys(t.tier for t in st.tenants):
+        mine = [t for t in st.tenants if t.tier == tier]
+        rows += [(t.tier, t.tenant, format_size(t.used_bytes), t.blocks, t.quota_spills) for t in mine[:TABLE_TENANTS]]
+        if len(mine) > TABLE_TENANTS:
+            rest = mine[TABLE_TENANTS:]
+            rows.append((tier, f"({len(rest)} more)", format_size(sum(t.used_bytes for t in rest)),
+                         sum(t.blocks for t in rest), sum(t.quota_spills for t in rest)))
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
+    return ["tenants:"] + ["  ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=True)) for row in (cols, *rows)]
 
 
 def as_dict(st: StoreStats, address: str) -> dict[str, Any]:
     tiers = [{k: hit_ratio(t) if k == "hit_ratio" else getattr(t, k) for k in TIER_KEYS} for t in st.tiers]
+    tenants = [{k: getattr(t, k) for k in TENANT_KEYS} for t in st.tenants]
     return {"version": JSON_VERSION, "address": address, "time": round(time.time(), 3), "tiers": tiers,
-            "pending_blocks": st.pending_blocks, "pending_bytes": st.pending_bytes}
+            "pending_blocks": st.pending_blocks, "pending_bytes": st.pending_bytes, "tenants": tenants}
 
 
 def as_json(st: StoreStats, address: str) -> str:

@@ -32,12 +32,24 @@ class TierStats(NamedTuple):
     attaches: int  # times a probe attached it again
     skipped_writes: int  # blocks not written to it while detached
     refused: int  # writes it refused for lack of room (TierFull)
+    quota_spills: int = 0  # blocks moved below the top tier because their tenant was at its quota
+
+
+class TenantStats(NamedTuple):
+    """One tenant's share of one tier (kvstore/tenants.py names tenants)."""
+
+    tier: str
+    tenant: str  # "default", "shared", a 12-hex-digit tag, or "_other" (the rest, summed)
+    used_bytes: int
+    blocks: int
+    quota_spills: int  # its blocks moved below the top tier at its quota
 
 
 class StoreStats(NamedTuple):
     tiers: list[TierStats]
     pending_blocks: int  # spills / write-through copies queued or landing (0 = flushed)
     pending_bytes: int
+    tenants: Sequence[TenantStats] = ()  # per tier, the largest tenants first
 
 
 class Observer(Protocol):

@@ -57,6 +57,7 @@ def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredSto
             tier_retry_s=cfg.tier_retry_s,
             detach_after=cfg.tier_detach_after,
             ghosts_per_tier=cfg.ghosts_per_tier,
+            tenant_quota_bytes=cfg.tenant_quota_bytes,
             observer=observer,
         )
     except BaseException:

@@ -14,6 +14,9 @@ Why this shape:
   stay (inclusive), so a later eviction of the promoted copy writes nothing.
 - ``admit_min_hits`` lets a slow level (S3) accept only blocks hit at least N times; other
   blocks are dropped when they would spill there.
+- ``tenant_quota_bytes``: a tenant at its quota in the top tier has its own least recently used
+  blocks spilled down to make room (counted, ``quota_spills``), never another tenant's; a block
+  larger than the whole quota goes straight to the next level (kvstore/tenants.py).
 - A tier that raises is counted; after a few consecutive errors it is detached (kvstore/breaker.py):
   reads fall through to the next level, writes meant for it are skipped (counted) or go on below,
   and a background probe attaches it again once it answers. A tier unreachable at start begins
@@ -45,13 +48,15 @@ from kvstore.ghosts import LookupCounts
 from kvstore.level import Level, LevelOptions
 from kvstore.spiller import Spiller
 from kvstore.store_state import Job, StoreState, frozen_copy
-from kvstore.store_types import LookupResult, Observer, StoreStats, TierStats
+from kvstore.store_types import LookupResult, Observer, StoreStats, TenantStats, TierStats
+from kvstore.tenants import tenant_of
 from kvstore.trace import OP_GET, OP_LOOKUP, OP_PUT, AccessObserver
 from tiers.base import Buffer, Tier
 from tiers.errors import BlockTooLarge
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+TENANT_ROWS = 1000  # tenants listed per tier by stats() (the rest summed as "_other")
 
 
 class TieredStore:
@@ -64,14 +69,16 @@ class TieredStore:
         observer: Observer | None = None,
         ghosts_per_tier: int = 16384,
         detach_after: int = 3,
+        tenant_quota_bytes: int = 0,
     ) -> None:
         """``tier_retry_s``: first probe of a detached tier (backoff to 10x); ``detach_after``:
-        consecutive errors that detach a tier."""
+        consecutive errors that detach a tier; ``tenant_quota_bytes``: bytes each tenant may hold in
+        the top tier (0 = no quota; kvstore/tenants.py)."""
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
         policy = BreakerPolicy.from_retry(tier_retry_s, detach_after)
-        self._state = StoreState([Level(t, o, breaker=Breaker(policy)) for t, o in levels], observer,
-                                 ghosts_per_tier)
+        self._state = StoreState([Level(t, o, breaker=Breaker(policy), quota=tenant_quota_bytes if i == 0 else 0)
+                                  for i, (t, o) in enumerate(levels)], observer, ghosts_per_tier)
         self.levels = self._state.levels
         self.promote_on_hit = promote_on_hit
         self._obs = self._state.obs
@@ -204,11 +211,13 @@ class TieredStore:
         """Wait until every spill and write-through queued so far has landed."""
         return self._spill.flush(timeout)
 
-    def stats(self) -> StoreStats:
+    def stats(self, tenant_rows: int = TENANT_ROWS) -> StoreStats:
+        """Per-tier statistics; per tier, its ``tenant_rows`` largest tenants (the rest summed)."""
         with self._lock:
             tiers = [TierStats(lv.name, lv.used, lv.capacity, len(lv.index), lv.available(), lv.last_error,
                                **vars(lv.counters)) for lv in self.levels]  # fmt: skip
-            return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes)
+            tenants = [TenantStats(lv.name, *row) for lv in self.levels for row in lv.tenants.rows(tenant_rows)]
+            return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants)
 
     def close(self, flush: bool = True) -> None:
         with self._lock:
@@ -242,8 +251,14 @@ class TieredStore:
         top = self.levels[0]
         if not top.available() or len(data) > top.capacity:
             return self._state.move_down(key, data, 1)
+        if top.over_quota(key, len(data)):  # larger than its tenant's whole quota: straight below
+            self._quota_spilled(top, key)
+            return self._state.move_down(key, data, 1)
         jobs: list[Job] = []
-        for vkey, _ in top.pick_victims(len(data)):
+        over = top.quota_victims(key, len(data))  # the tenant's own oldest blocks first
+        for vkey in {k for k, _ in over}:
+            self._quota_spilled(top, vkey)
+        for vkey, _ in over + top.pick_victims(len(data)):
             t0 = time.perf_counter()
             try:
                 raw = top.tier.get(vkey)
@@ -269,6 +284,11 @@ class TieredStore:
         top.counters.write_bytes += len(data)
         self._obs.write(top.name, len(data), time.perf_counter() - t0)
         return jobs
+
+    @staticmethod
+    def _quota_spilled(top: Level, key: bytes) -> None:
+        top.counters.quota_spills += 1
+        top.tenants.quota_spilled(tenant_of(key))
 
     def _find(self, key: bytes, consume: Callable[[memoryview], None]) -> int | None:
         """Read ``key`` from the fastest level holding it (-> that level's index, None on a miss);
@@ -331,9 +351,10 @@ class TieredStore:
         return self._find_shared(key, consume, failed)
 
     def _find_shared(self, key: bytes, consume: Callable[[memoryview], None], failed: set[int]) -> int | None:
-        """Ask shared levels directly: other nodes may have written the block."""
+        """Ask shared levels directly: other nodes may have written the block (the top level too: a
+        daemon whose only tier is a shared one serves what other nodes wrote, as its lookup says)."""
         for i, lv in enumerate(self.levels):
-            if not lv.options.shared or not lv.available() or i == 0 or i in failed:
+            if not lv.options.shared or not lv.available() or i in failed:
                 continue
             raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
             if raw is not None and self._intact(lv, key, data := bytes(raw)):
@@ -376,8 +397,9 @@ class TieredStore:
             now = self._state.first_level(key)
             deleted_meanwhile = now is None and from_index
             at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
-            if self.promote_on_hit and not self._closed and not at_top and not deleted_meanwhile:
-                if len(data) <= self.levels[0].capacity and self.levels[0].available():
+            if self.promote_on_hit and loc > 0 and not self._closed and not at_top and not deleted_meanwhile:
+                top = self.levels[0]
+                if len(data) <= top.capacity and top.available() and not top.over_quota(key, len(data)):
                     lv.counters.promotions += 1
                     jobs = self._insert_top(key, data)
         self._spill.submit(jobs)

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rkvstore.proto\x12\x11tierkv.kvstore.v1\"2\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x13\n\x0bwrite_check\x18\x02 \x01(\x08\"I\n\x0eLookupResponse\x12\x12\n\nprefix_len\x18\x01 \x01(\r\x12\r\n\x05tiers\x18\x02 \x03(\t\x12\x14\n\x0c\x65victed_from\x18\x03 \x03(\t\"D\n\tBlockSpec\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x04\"M\n\x08PutBegin\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.tierkv.kvstore.v1.BlockSpec\x12\x13\n\x0bshm_session\x18\x02 \x01(\t\"7\n\x08PutChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"7\n\x06ShmRef\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"3\n\tPutCommit\x12&\n\x03shm\x18\x01 \x03(\x0b\x32\x19.tierkv.kvstore.v1.ShmRef\"\xa0\x01\n\nPutRequest\x12,\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1b.tierkv.kvstore.v1.PutBeginH\x00\x12,\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1b.tierkv.kvstore.v1.PutChunkH\x00\x12.\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x1c.tierkv.kvstore.v1.PutCommitH\x00\x42\x06\n\x04kind\";\n\x0bPutResponse\x12,\n\x06status\x18\x01 \x03(\x0e\x32\x1c.tierkv.kvstore.v1.PutStatus\"W\n\nGetRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x13\n\x0bshm_session\x18\x02 \x01(\t\x12\x12\n\nshm_offset\x18\x03 \x01(\x04\x12\x12\n\nshm_length\x18\x04 \x01(\x04\"Z\n\x08ShmBlock\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x03 \x01(\x08\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\"\x82\x01\n\x0bGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12(\n\x03shm\x18\x06 \x03(\x0b\x32\x1b.tierkv.kvstore.v1.ShmBlock\"\x1d\n\rDeleteRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xe8\x02\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x11\n\tavailable\x18\x05 \x01(\x08\x12\x12\n\nlast_error\x18\x06 \x01(\t\x12\x0c\n\x04hits\x18\x07 \x01(\x04\x12\x0e\n\x06misses\x18\x08 \x01(\x04\x12\x11\n\tevictions\x18\t \x01(\x04\x12\x0e\n\x06spills\x18\n \x01(\x04\x12\x12\n\npromotions\x18\x0b \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x0c \x01(\x04\x12\x0e\n\x06\x65rrors\x18\r \x01(\x04\x12\x12\n\nread_bytes\x18\x0e \x01(\x04\x12\x13\n\x0bwrite_bytes\x18\x0f \x01(\x04\x12\x10\n\x08\x64\x65taches\x18\x10 \x01(\x04\x12\x10\n\x08\x61ttaches\x18\x11 \x01(\x04\x12\x16\n\x0eskipped_writes\x18\x12 \x01(\x04\x12\x0f\n\x07refused\x18\x13 \x01(\x04\"k\n\rStatsResponse\x12+\n\x05tiers\x18\x01 \x03(\x0b\x32\x1c.tierkv.kvstore.v1.TierStats\x12\x16\n\x0epending_blocks\x18\x02 \x01(\x04\x12\x15\n\rpending_bytes\x18\x03 \x01(\x04\"J\n\x10\x41ttachShmRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0b\n\x03pid\x18\x04 \x01(\r\"@\n\x11\x41ttachShmResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\x10\x44\x65tachShmRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x13\n\x11\x44\x65tachShmResponse\"\x13\n\x11OpenStreamRequest\"M\n\x12OpenStreamResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0e\n\x06reason\x18\x04 \x01(\t\"5\n\x11TraceStartRequest\x12\x0b\n\x03out\x18\x01 \x01(\t\x12\x13\n\x0bmax_records\x18\x02 \x01(\x04\"\"\n\x12TraceStartResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x12\n\x10TraceStopRequest\"G\n\x11TraceStopResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07records\x18\x02 \x01(\x04\x12\x13\n\x0boverwritten\x18\x03 \x01(\x04*,\n\tPutStatus\x12\n\n\x06STORED\x10\x00\x12\x13\n\x0f\x41LREADY_PRESENT\x10\x01\x32\xc1\x06\n\x07KVStore\x12M\n\x06Lookup\x12 .tierkv.kvstore.v1.LookupRequest\x1a!.tierkv.kvstore.v1.LookupResponse\x12\x46\n\x03Put\x12\x1d.tierkv.kvstore.v1.PutRequest\x1a\x1e.tierkv.kvstore.v1.PutResponse(\x01\x12\x46\n\x03Get\x12\x1d.tierkv.kvstore.v1.GetRequest\x1a\x1e.tierkv.kvstore.v1.GetResponse0\x01\x12M\n\x06\x44\x65lete\x12 .tierkv.kvstore.v1.DeleteRequest\x1a!.tierkv.kvstore.v1.DeleteResponse\x12J\n\x05Stats\x12\x1f.tierkv.kvstore.v1.StatsRequest\x1a .tierkv.kvstore.v1.StatsResponse\x12V\n\tAttachShm\x12#.tierkv.kvstore.v1.AttachShmRequest\x1a$.tierkv.kvstore.v1.AttachShmResponse\x12V\n\tDetachShm\x12#.tierkv.kvstore.v1.DetachShmRequest\x1a$.tierkv.kvstore.v1.DetachShmResponse\x12Y\n\nOpenStream\x12$.tierkv.kvstore.v1.OpenStreamRequest\x1a%.tierkv.kvstore.v1.OpenStreamResponse\x12Y\n\nTraceStart\x12$.tierkv.kvstore.v1.TraceStartRequest\x1a%.tierkv.kvstore.v1.TraceStartResponse\x12V\n\tTraceStop\x12#.tierkv.kvstore.v1.TraceStopRequest\x1a$.tierkv.kvstore.v1.TraceStopResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rkvstore.proto\x12\x11tierkv.kvstore.v1\"2\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x13\n\x0bwrite_check\x18\x02 \x01(\x08\"I\n\x0eLookupResponse\x12\x12\n\nprefix_len\x18\x01 \x01(\r\x12\r\n\x05tiers\x18\x02 \x03(\t\x12\x14\n\x0c\x65victed_from\x18\x03 \x03(\t\"D\n\tBlockSpec\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x04\"M\n\x08PutBegin\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.tierkv.kvstore.v1.BlockSpec\x12\x13\n\x0bshm_session\x18\x02 \x01(\t\"7\n\x08PutChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"7\n\x06ShmRef\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"3\n\tPutCommit\x12&\n\x03shm\x18\x01 \x03(\x0b\x32\x19.tierkv.kvstore.v1.ShmRef\"\xa0\x01\n\nPutRequest\x12,\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1b.tierkv.kvstore.v1.PutBeginH\x00\x12,\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1b.tierkv.kvstore.v1.PutChunkH\x00\x12.\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x1c.tierkv.kvstore.v1.PutCommitH\x00\x42\x06\n\x04kind\";\n\x0bPutResponse\x12,\n\x06status\x18\x01 \x03(\x0e\x32\x1c.tierkv.kvstore.v1.PutStatus\"W\n\nGetRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x13\n\x0bshm_session\x18\x02 \x01(\t\x12\x12\n\nshm_offset\x18\x03 \x01(\x04\x12\x12\n\nshm_length\x18\x04 \x01(\x04\"Z\n\x08ShmBlock\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x03 \x01(\x08\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\"\x82\x01\n\x0bGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12(\n\x03shm\x18\x06 \x03(\x0b\x32\x1b.tierkv.kvstore.v1.ShmBlock\"\x1d\n\rDeleteRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xfe\x02\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x11\n\tavailable\x18\x05 \x01(\x08\x12\x12\n\nlast_error\x18\x06 \x01(\t\x12\x0c\n\x04hits\x18\x07 \x01(\x04\x12\x0e\n\x06misses\x18\x08 \x01(\x04\x12\x11\n\tevictions\x18\t \x01(\x04\x12\x0e\n\x06spills\x18\n \x01(\x04\x12\x12\n\npromotions\x18\x0b \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x0c \x01(\x04\x12\x0e\n\x06\x65rrors\x18\r \x01(\x04\x12\x12\n\nread_bytes\x18\x0e \x01(\x04\x12\x13\n\x0bwrite_bytes\x18\x0f \x01(\x04\x12\x10\n\x08\x64\x65taches\x18\x10 \x01(\x04\x12\x10\n\x08\x61ttaches\x18\x11 \x01(\x04\x12\x16\n\x0eskipped_writes\x18\x12 \x01(\x04\x12\x0f\n\x07refused\x18\x13 \x01(\x04\x12\x14\n\x0cquota_spills\x18\x14 \x01(\x04\"e\n\x0bTenantStats\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x14\n\x0cquota_spills\x18\x05 \x01(\x04\"\x9c\x01\n\rStatsResponse\x12+\n\x05tiers\x18\x01 \x03(\x0b\x32\x1c.tierkv.kvstore.v1.TierStats\x12\x16\n\x0epending_blocks\x18\x02 \x01(\x04\x12\x15\n\rpending_bytes\x18\x03 \x01(\x04\x12/\n\x07tenants\x18\x04 \x03(\x0b\x32\x1e.tierkv.kvstore.v1.TenantStats\"J\n\x10\x41ttachShmRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0b\n\x03pid\x18\x04 \x01(\r\"@\n\x11\x41ttachShmResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\x10\x44\x65tachShmRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x13\n\x11\x44\x65tachShmResponse\"\x13\n\x11OpenStreamRequest\"M\n\x12OpenStreamResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0e\n\x06reason\x18\x04 \x01(\t\"5\n\x11TraceStartRequest\x12\x0b\n\x03out\x18\x01 \x01(\t\x12\x13\n\x0bmax_records\x18\x02 \x01(\x04\"\"\n\x12TraceStartResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x12\n\x10TraceStopRequest\"G\n\x11TraceStopResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07records\x18\x02 \x01(\x04\x12\x13\n\x0boverwritten\x18\x03 \x01(\x04*,\n\tPutStatus\x12\n\n\x06STORED\x10\x00\x12\x13\n\x0f\x41LREADY_PRESENT\x10\x01\x32\xc1\x06\n\x07KVStore\x12M\n\x06Lookup\x12 .tierkv.kvstore.v1.LookupRequest\x1a!.tierkv.kvstore.v1.LookupResponse\x12\x46\n\x03Put\x12\x1d.tierkv.kvstore.v1.PutRequest\x1a\x1e.tierkv.kvstore.v1.PutResponse(\x01\x12\x46\n\x03Get\x12\x1d.tierkv.kvstore.v1.GetRequest\x1a\x1e.tierkv.kvstore.v1.GetResponse0\x01\x12M\n\x06\x44\x65lete\x12 .tierkv.kvstore.v1.DeleteRequest\x1a!.tierkv.kvstore.v1.DeleteResponse\x12J\n\x05Stats\x12\x1f.tierkv.kvstore.v1.StatsRequest\x1a .tierkv.kvstore.v1.StatsResponse\x12V\n\tAttachShm\x12#.tierkv.kvstore.v1.AttachShmRequest\x1a$.tierkv.kvstore.v1.AttachShmResponse\x12V\n\tDetachShm\x12#.tierkv.kvstore.v1.DetachShmRequest\x1a$.tierkv.kvstore.v1.DetachShmResponse\x12Y\n\nOpenStream\x12$.tierkv.kvstore.v1.OpenStreamRequest\x1a%.tierkv.kvstore.v1.OpenStreamResponse\x12Y\n\nTraceStart\x12$.tierkv.kvstore.v1.TraceStartRequest\x1a%.tierkv.kvstore.v1.TraceStartResponse\x12V\n\tTraceStop\x12#.tierkv.kvstore.v1.TraceStopRequest\x1a$.tierkv.kvstore.v1.TraceStopResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvstore_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PUTSTATUS']._serialized_start=2055
-  _globals['_PUTSTATUS']._serialized_end=2099
+  _globals['_PUTSTATUS']._serialized_start=2230
+  _globals['_PUTSTATUS']._serialized_end=2274
   _globals['_LOOKUPREQUEST']._serialized_start=36
   _globals['_LOOKUPREQUEST']._serialized_end=86
   _globals['_LOOKUPRESPONSE']._serialized_start=88
@@ -64,29 +64,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATSREQUEST']._serialized_start=1083
   _globals['_STATSREQUEST']._serialized_end=1097
   _globals['_TIERSTATS']._serialized_start=1100
-  _globals['_TIERSTATS']._serialized_end=1460
-  _globals['_STATSRESPONSE']._serialized_start=1462
-  _globals['_STATSRESPONSE']._serialized_end=1569
-  _globals['_ATTACHSHMREQUEST']._serialized_start=1571
-  _globals['_ATTACHSHMREQUEST']._serialized_end=1645
-  _globals['_ATTACHSHMRESPONSE']._serialized_start=1647
-  _globals['_ATTACHSHMRESPONSE']._serialized_end=1711
-  _globals['_DETACHSHMREQUEST']._serialized_start=1713
-  _globals['_DETACHSHMREQUEST']._serialized_end=1748
-  _globals['_DETACHSHMRESPONSE']._serialized_start=1750
-  _globals['_DETACHSHMRESPONSE']._serialized_end=1769
-  _globals['_OPENSTREAMREQUEST']._serialized_start=1771
-  _globals['_OPENSTREAMREQUEST']._serialized_end=1790
-  _globals['_OPENSTREAMRESPONSE']._serialized_start=1792
-  _globals['_OPENSTREAMRESPONSE']._serialized_end=1869
-  _globals['_TRACESTARTREQUEST']._serialized_start=1871
-  _globals['_TRACESTARTREQUEST']._serialized_end=1924
-  _globals['_TRACESTARTRESPONSE']._serialized_start=1926
-  _globals['_TRACESTARTRESPONSE']._serialized_end=1960
-  _globals['_TRACESTOPREQUEST']._serialized_start=1962
-  _globals['_TRACESTOPREQUEST']._serialized_end=1980
-  _globals['_TRACESTOPRESPONSE']._serialized_start=1982
-  _globals['_TRACESTOPRESPONSE']._serialized_end=2053
-  _globals['_KVSTORE']._serialized_start=2102
-  _globals['_KVSTORE']._serialized_end=2935
+  _globals['_TIERSTATS']._serialized_end=1482
+  _globals['_TENANTSTATS']._serialized_start=1484
+  _globals['_TENANTSTATS']._serialized_end=1585
+  _globals['_STATSRESPONSE']._serialized_start=1588
+  _globals['_STATSRESPONSE']._serialized_end=1744
+  _globals['_ATTACHSHMREQUEST']._serialized_start=1746
+  _globals['_ATTACHSHMREQUEST']._serialized_end=1820
+  _globals['_ATTACHSHMRESPONSE']._serialized_start=1822
+  _globals['_ATTACHSHMRESPONSE']._serialized_end=1886
+  _globals['_DETACHSHMREQUEST']._serialized_start=1888
+  _globals['_DETACHSHMREQUEST']._serialized_end=1923
+  _globals['_DETACHSHMRESPONSE']._serialized_start=1925
+  _globals['_DETACHSHMRESPONSE']._serialized_end=1944
+  _globals['_OPENSTREAMREQUEST']._serialized_start=1946
+  _globals['_OPENSTREAMREQUEST']._serialized_end=1965
+  _globals['_OPENSTREAMRESPONSE']._serialized_start=1967
+  _globals['_OPENSTREAMRESPONSE']._serialized_end=2044
+  _globals['_TRACESTARTREQUEST']._serialized_start=2046
+  _globals['_TRACESTARTREQUEST']._serialized_end=2099
+  _globals['_TRACESTARTRESPONSE']._serialized_start=2101
+  _globals['_TRACESTARTRESPONSE']._serialized_end=2135
+  _globals['_TRACESTOPREQUEST']._serialized_start=2137
+  _globals['_TRACESTOPREQUEST']._serialized_end=2155
+  _globals['_TRACESTOPRESPONSE']._serialized_start=2157
+  _globals['_TRACESTOPRESPONSE']._serialized_end=2228
+  _globals['_KVSTORE']._serialized_start=2277
+  _globals['_KVSTORE']._serialized_end=3110
 # @@protoc_insertion_point(module_scope)

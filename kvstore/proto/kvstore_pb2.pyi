@@ -153,7 +153,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("name", "used_bytes", "capacity_bytes", "blocks", "available", "last_error", "hits", "misses", "evictions", "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "detaches", "attaches", "skipped_writes", "refused")
+    __slots__ = ("name", "used_bytes", "capacity_bytes", "blocks", "available", "last_error", "hits", "misses", "evictions", "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "detaches", "attaches", "skipped_writes", "refused", "quota_spills")
     NAME_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,7 @@ class TierStats(_message.Message):
     ATTACHES_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_WRITES_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_SPILLS_FIELD_NUMBER: _ClassVar[int]
     name: str
     used_bytes: int
     capacity_bytes: int
@@ -192,17 +193,34 @@ class TierStats(_message.Message):
     attaches: int
     skipped_writes: int
     refused: int
-    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., available: _Optional[bool] = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., spills: _Optional[int] = ..., promotions: _Optional[int] = ..., dropped: _Optional[int] = ..., errors: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ..., detaches: _Optional[int] = ..., attaches: _Optional[int] = ..., skipped_writes: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
+    quota_spills: int
+    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., available: _Optional[bool] = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., spills: _Optional[int] = ..., promotions: _Optional[int] = ..., dropped: _Optional[int] = ..., errors: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ..., detaches: _Optional[int] = ..., attaches: _Optional[int] = ..., skipped_writes: _Optional[int] = ..., refused: _Optional[int] = ..., quota_spills: _Optional[int] = ...) -> None: ...
+
+class TenantStats(_message.Message):
+    __slots__ = ("tier", "tenant", "used_bytes", "blocks", "quota_spills")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_SPILLS_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    tenant: str
+    used_bytes: int
+    blocks: int
+    quota_spills: int
+    def __init__(self, tier: _Optional[str] = ..., tenant: _Optional[str] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., quota_spills: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "pending_blocks", "pending_bytes")
+    __slots__ = ("tiers", "pending_blocks", "pending_bytes", "tenants")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     PENDING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PENDING_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     pending_blocks: int
     pending_bytes: int
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pending_blocks: _Optional[int] = ..., pending_bytes: _Optional[int] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantStats]
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pending_blocks: _Optional[int] = ..., pending_bytes: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
 
 class AttachShmRequest(_message.Message):
     __slots__ = ("name", "size", "token", "pid")

@@ -1,0 +1,89 @@
+"""Keys per tenant: a salted key carries its tenant's tag before the hash; the shared namespace is
+out of every salt's reach; the connector keys exactly the radix tree's shared pages shared and
+chains each tenant's pages on after them; CacheBlend chunk keys are tagged the same way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from connector.blend.keys import chunk_key
+from connector.keys import KeySpace
+from engine.shared_prefix import SharedPrefixes
+from kvstore.keys import (
+    KEY_BYTES,
+    SHARED_MAGIC,
+    TAGGED_KEY_BYTES,
+    TENANT_MAGIC,
+    Namespace,
+    chain_keys,
+    tenant_tag,
+)
+from kvstore.tenants import SHARED, name_of_salt, tenant_of
+
+PS = 4
+SYSTEM = list(range(100, 112))  # 3 pages, declared shared
+NS = Namespace.from_model({"n_layer": 2}, "sha256:k", "float32", page_size=PS)
+
+
+def _space(shared: bool = True) -> KeySpace:
+    return KeySpace("sha256:k", "llama", PS, torch.float32, shared=SharedPrefixes([SYSTEM] if shared else [], PS))
+
+
+def test_a_salted_key_carries_its_tenants_tag() -> None:
+    (plain,) = chain_keys(NS, [1, 2, 3, 4])
+    (a,) = chain_keys(NS.with_tenant("tenant-a"), [1, 2, 3, 4])
+    assert len(plain) == KEY_BYTES and len(a) == TAGGED_KEY_BYTES
+    assert a[:2] == TENANT_MAGIC and a[2:8] == tenant_tag("tenant-a") and tenant_of(a) == name_of_salt("tenant-a")
+    assert tenant_tag("tenant-a") != tenant_tag("tenant-b") and len(tenant_tag("x")) == 6
+    # the tag names, the hash isolates: a's hash is not the default namespace's
+    assert a[8:] != plain
+
+
+def test_no_salt_spells_the_shared_namespace() -> None:
+    shared = NS.as_shared()
+    assert shared.key_prefix[:2] == SHARED_MAGIC
+    for salt in ("", "shared", '{"shared":true}', "True", "null"):
+        assert NS.with_tenant(salt).digest != shared.digest
+    with pytest.raises(ValueError):
+        Namespace(NS.arch, NS.weights_digest, NS.kv_dtype, PS, tenant_salt="a", shared=True)
+
+
+def test_shared_pages_keyed_shared_then_each_tenant_chains_on() -> None:
+    ks = _space()
+    prompt = SYSTEM + [7, 7, 7, 7, 8, 8, 8, 8]
+    a, b, plain = ks.keys(prompt, "tenant-a"), ks.keys(prompt, "tenant-b"), ks.keys(prompt, None)
+    assert a[:3] == b[:3] == plain[:3] and all(tenant_of(k) == SHARED for k in a[:3])
+    assert not set(a[3:]) & set(b[3:]) and not set(a[3:]) & set(plain[3:])
+    assert {tenant_of(k) for k in a[3:]} == {name_of_salt("tenant-a")}
+    # the tenant's pages chain on the shared ones: the same tokens without the declaration differ
+    assert _space(shared=False).keys(prompt, "tenant-a")[3:] != a[3:]
+    # a prefix of the prompt has the prompt's leading keys (what lookups and offloads rely on)
+    assert ks.keys(prompt[:14], "tenant-a") == a[:3] and ks.keys(prompt[:17], "tenant-a") == a[:4]
+    # one token off inside the declaration: from that page on, private
+    off = ks.keys(SYSTEM[:5] + [0] + SYSTEM[6:], "tenant-a")
+    assert off[0] == a[0] and all(tenant_of(k) == name_of_salt("tenant-a") for k in off[1:])
+
+
+def test_chunk_keys_are_tagged_per_tenant() -> None:
+    plain, a = chunk_key("fp", [1, 2, 3]), chunk_key("fp", [1, 2, 3], tenant_salt="tenant-a")
+    assert len(plain) == 16 and tenant_of(a) == name_of_salt("tenant-a") and a[8:] != plain
+    assert chunk_key("fp", [1, 2, 3], tenant_salt="tenant-b")[8:] != a[8:]
+
+
+def test_same_tagged_and_shared_keys_in_another_process() -> None:
+    code = (
+        "import torch\n"
+        "from connector.keys import KeySpace\n"
+        "from engine.shared_prefix import SharedPrefixes\n"
+        f"ks = KeySpace('sha256:k', 'llama', {PS}, torch.float32, shared=SharedPrefixes([{SYSTEM!r}], {PS}))\n"
+        f"print(','.join(k.hex() for k in ks.keys({SYSTEM + [5] * 8!r}, 'tenant-a')))\n"
+    )
+    here = ",".join(k.hex() for k in _space().keys(SYSTEM + [5] * 8, "tenant-a"))
+    env = dict(os.environ, PYTHONHASHSEED="4242")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == here
