@@ -175,8 +175,8 @@ class ShmSessions:
         with self._lock:
             gone = [self._sessions.pop(sid) for sid in dead if sid in self._sessions]
             for s in self._sessions.values():  # leases past their time
-                while s.leases and next(iter(s.leases.values()))[0] <= now:
-                    s.leases.popitem(last=False)
+                for lease_id in [i for i, (until, _) in s.leases.items() if until <= now]:
+                    del s.leases[lease_id]
         self._drop(gone)
         return len(gone)
 

@@ -105,3 +105,30 @@ def test_load_deadline_is_typed(tiny) -> None:
         finally:
             gate.release.set()
         assert (res.pages_ok, res.failure) == (0, "deadline")
+
+
+class BudgetCopier(_PageCopier):
+    """A copier whose time budget runs out after ``reached`` blocks (as a slow copy would)."""
+
+    reached = 2
+
+    def copy_many(self, pages: Sequence[int], headers: Sequence[BlockHeader], payloads: Sequence[memoryview],
+                  budget_s: float) -> list[bool | None]:
+        done = super().copy_many(pages[: self.reached], headers[: self.reached], payloads[: self.reached], budget_s)
+        return done + [None] * (len(pages) - len(done))
+
+
+@pytest.mark.parametrize("use_arena", [True, False], ids=["in-place", "copied"])
+def test_blocks_the_copy_did_not_reach_are_a_deadline(tiny, use_arena: bool) -> None:
+    """Blocks that arrived but were not copied in the time left end the prefix as a deadline
+    (the daemon answered: it is not marked down), and only the copied pages count."""
+    pool = _pool(tiny)
+    keys, arrays, items = _blocks(pool)
+    with inprocess_daemon() as d, KVStoreClient(d.address, use_arena=use_arena, retry=Retry(attempts=1)) as c:
+        c.put_many(items)
+        loader = Loader(c, pool, chunk_bytes=64 * pool.bytes_per_page)
+        loader._copier = BudgetCopier(pool)
+        res = loader.load(keys, [4, 3, 2, 1], deadline_s=WAIT_S)
+        assert (res.pages_ok, res.failure) == (2, "deadline")
+        for p, a in zip([4, 3], arrays[:2], strict=True):
+            assert np.array_equal(_page(pool, p), a)
