@@ -104,9 +104,10 @@ class Loader:
         ``in_place_chunk_bytes``: bytes per Get when the daemon answers in place (None: all)."""
         self.client = client
         self.pool = pool
-        self.chunk_pages = max(1, chunk_bytes // pool.bytes_per_page)
+        self._page_len = pool.bytes_per_page  # (a torch computation each time it is asked)
+        self.chunk_pages = max(1, chunk_bytes // self._page_len)
         self.in_place_chunk_pages = None if in_place_chunk_bytes is None else \
-            max(1, in_place_chunk_bytes // pool.bytes_per_page)
+            max(1, in_place_chunk_bytes // self._page_len)
         self._shape = pool.block_shape()
         self._dtype = _expected_dtype(pool.dtype)
         self._copier = _PageCopier(pool, threads=threads)
@@ -116,7 +117,7 @@ class Loader:
 
     def _throttle(self, n_blocks: int, left: float) -> None:
         if self.throttle_bps > 0:
-            time.sleep(min(left, n_blocks * self.pool.bytes_per_page / self.throttle_bps))
+            time.sleep(min(left, n_blocks * self._page_len / self.throttle_bps))
 
     def lookup(self, keys: Sequence[BlockKey], deadline_s: float) -> list[str | None]:
         """Tier of each leading key the daemon holds, up to the first miss (raises KVStoreError)."""
@@ -138,7 +139,7 @@ class Loader:
         except BlockFormatError as e:
             return f"format: {e}"
         if hdr.key != key or hdr.shape != self._shape or hdr.dtype != self._dtype \
-                or hdr.payload_len != self.pool.bytes_per_page:
+                or hdr.payload_len != self._page_len:
             return f"mismatch: key/shape {hdr.shape}/dtype {hdr.dtype}"
         return hdr, mv[hdr.size :]
 

@@ -283,7 +283,9 @@ class CpuTier(Tier):
         when they are not in it (a heap copy, an empty block, no shared arena)."""
         if self._share is None or not view.nbytes:
             return None
-        off = np.frombuffer(view, np.uint8).ctypes.data - self._base
+        obj = view.obj  # the numpy view ``get`` made (same bytes: read its address, not a new array's)
+        arr = obj if isinstance(obj, np.ndarray) and obj.nbytes == view.nbytes else np.frombuffer(view, np.uint8)
+        off = arr.ctypes.data - self._base
         return ARENA_HEADER + off if 0 <= off and off + view.nbytes <= self.capacity_bytes else None
 
     def close(self) -> None:
