@@ -44,6 +44,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tkv_batch.argtypes = [_i32, _i64, _vp, _vp, _vp, _vp, I64x3, _vp, _i64, _i64, _i32, _i32, ctypes.c_double,
                               _vp, _vp]
     lib.tkv_set_impl.argtypes = [ctypes.c_int]
+    lib.tkv_rerotate_f32.argtypes = [_vp, _i64, _i64, _i64, _i64, _vp, _vp, _vp, _vp, _i32]
 
 
 def hash_bytes(lib: ctypes.CDLL, data: np.ndarray) -> int:
