@@ -67,11 +67,10 @@ class _PageCopier:
             in_place = pool.device.type == "cpu"
         if in_place:
             self._pages = native.page_bytes(pool.kv)
-        else:
-            layers, kv, *page = pool.block_shape()
-            self._stage = torch.empty((layers, kv, STAGE_PAGES, *page), dtype=pool.dtype,
+        else:  # [pages, layers, 2, ...]: a run of staged pages is one contiguous (pinned) upload
+            self._stage = torch.empty((STAGE_PAGES, *pool.block_shape()), dtype=pool.dtype,
                                       pin_memory=torch.cuda.is_available())
-            self._pages = native.page_bytes(self._stage)
+            self._pages = native.page_bytes(self._stage.permute(1, 2, 0, 3, 4, 5))
 
     def copy_many(self, pages: Sequence[int], headers: Sequence[BlockHeader], payloads: Sequence[memoryview],
                   budget_s: float) -> list[bool | None]:
@@ -91,8 +90,9 @@ class _PageCopier:
             res = native_batch.unpack_verify_many(headers[s : s + n], payloads[s : s + n], self._pages, range(n),
                                                   threads=self.threads, budget_s=left)
             good = [j for j, r in enumerate(res) if r]
-            if good:
-                self.pool.write_pages([pages[s + j] for j in good], self._stage[:, :, good].permute(2, 0, 1, 3, 4, 5))
+            if good:  # a leading run uploads straight from the pinned buffer
+                staged = self._stage[: len(good)] if good[-1] == len(good) - 1 else self._stage[good]
+                self.pool.write_pages([pages[s + j] for j in good], staged)
             out += res
         return out
 
