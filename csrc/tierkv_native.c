@@ -90,21 +90,61 @@ static int past(const struct timespec *d) {
     return now.tv_sec > d->tv_sec || (now.tv_sec == d->tv_sec && now.tv_nsec >= d->tv_nsec);
 }
 
+static void batch_one(batch *b, int64_t k) {
+    const int64_t block_strides[3] = {2 * b->seg, b->seg, b->seg};
+    const uint8_t *prefix = (const uint8_t *)(uintptr_t)b->prefixes[k];
+    uint8_t *blk = (uint8_t *)(uintptr_t)b->blocks[k];
+    int rc = b->dir == 0
+                 ? copy_hash(prefix, (size_t)b->prefix_lens[k], blk, block_strides, NULL, b->pool, b->pool_strides,
+                             &b->pages[k], b->layers, 1, b->seg, b->nt, &b->digests[k])
+                 : copy_hash(prefix, (size_t)b->prefix_lens[k], b->pool, b->pool_strides, &b->pages[k], blk,
+                             block_strides, NULL, b->layers, 1, b->seg, b->nt, &b->digests[k]);
+    b->status[k] = rc == 0 ? 1 : (int8_t)rc;
+}
+
+/* Two blocks with prefixes of the same length, streamed side by side (tkv_hash_feed2). */
+static void batch_pair(batch *b, int64_t ka, int64_t kb) {
+    size_t plen = (size_t)b->prefix_lens[ka];
+    if (plen + (size_t)(b->layers * 2 * b->seg) <= TKV_XXH3_MIDSIZE_MAX) {
+        b->status[ka] = b->status[kb] = -3;
+        return;
+    }
+    tkv_hash ha, hb;
+    tkv_hash_reset(&ha);
+    tkv_hash_reset(&hb);
+    tkv_hash_feed2(&ha, &hb, (const uint8_t *)(uintptr_t)b->prefixes[ka], NULL,
+                   (const uint8_t *)(uintptr_t)b->prefixes[kb], NULL, plen, 0);
+    uint8_t *blk_a = (uint8_t *)(uintptr_t)b->blocks[ka], *blk_b = (uint8_t *)(uintptr_t)b->blocks[kb];
+    const int64_t *ps = b->pool_strides;
+    for (int64_t l = 0; l < b->layers; l++) {
+        for (int64_t kv = 0; kv < 2; kv++) {
+            uint8_t *pa = b->pool + l * ps[0] + kv * ps[1] + b->pages[ka] * ps[2];
+            uint8_t *pb = b->pool + l * ps[0] + kv * ps[1] + b->pages[kb] * ps[2];
+            uint8_t *qa = blk_a + (l * 2 + kv) * b->seg, *qb = blk_b + (l * 2 + kv) * b->seg;
+            if (b->dir == 0)
+                tkv_hash_feed2(&ha, &hb, qa, pa, qb, pb, (size_t)b->seg, b->nt);
+            else
+                tkv_hash_feed2(&ha, &hb, pa, qa, pb, qb, (size_t)b->seg, b->nt);
+        }
+    }
+    if (b->nt) tkv_store_fence();
+    b->digests[ka] = tkv_hash_digest(&ha);
+    b->digests[kb] = tkv_hash_digest(&hb);
+    b->status[ka] = b->status[kb] = 1;
+}
+
 static void *batch_worker(void *arg) {
     batch *b = arg;
-    const int64_t block_strides[3] = {2 * b->seg, b->seg, b->seg};
     int64_t k;
-    /* blocks are taken in order, so a deadline leaves (nearly) a leading run done */
-    while ((k = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED)) < b->count) {
+    /* blocks are taken two by two in order, so a deadline leaves (nearly) a leading run done */
+    while ((k = __atomic_fetch_add(&b->next, 2, __ATOMIC_RELAXED)) < b->count) {
         if (past(&b->deadline)) break;
-        const uint8_t *prefix = (const uint8_t *)(uintptr_t)b->prefixes[k];
-        uint8_t *blk = (uint8_t *)(uintptr_t)b->blocks[k];
-        int rc = b->dir == 0
-                     ? copy_hash(prefix, (size_t)b->prefix_lens[k], blk, block_strides, NULL, b->pool,
-                                 b->pool_strides, &b->pages[k], b->layers, 1, b->seg, b->nt, &b->digests[k])
-                     : copy_hash(prefix, (size_t)b->prefix_lens[k], b->pool, b->pool_strides, &b->pages[k], blk,
-                                 block_strides, NULL, b->layers, 1, b->seg, b->nt, &b->digests[k]);
-        b->status[k] = rc == 0 ? 1 : (int8_t)rc;
+        if (k + 1 < b->count && b->prefix_lens[k] == b->prefix_lens[k + 1]) {
+            batch_pair(b, k, k + 1);
+            continue;
+        }
+        batch_one(b, k);
+        if (k + 1 < b->count && !past(&b->deadline)) batch_one(b, k + 1);
     }
     return NULL;
 }

@@ -28,6 +28,9 @@ void tkv_hash_reset(tkv_hash *h);
 /* Feed ``len`` bytes read once from ``src``: when ``dst`` is not NULL they are also written
  * there, and what is hashed is exactly what was written. ``nt``: non-temporal stores. */
 void tkv_hash_feed(tkv_hash *h, const uint8_t *src, uint8_t *dst, size_t len, int nt);
+/* tkv_hash_feed of two states in the same position, at once (more reads in flight). */
+void tkv_hash_feed2(tkv_hash *ha, tkv_hash *hb, const uint8_t *src_a, uint8_t *dst_a, const uint8_t *src_b,
+                    uint8_t *dst_b, size_t len, int nt);
 /* The XXH3-64 digest (seed 0) of everything fed; valid only when ``total`` > 240. */
 uint64_t tkv_hash_digest(const tkv_hash *h);
 /* Store fence after non-temporal stores, before the bytes are handed to another thread. */

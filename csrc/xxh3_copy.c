@@ -205,6 +205,95 @@ __attribute__((target("avx512f"))) static void k_avx512(uint64_t *acc, uint32_t 
 }
 #endif
 
+/* Two streams at once (two blocks whose hash states are in the same position): twice the
+ * reads in flight, ~20% more bandwidth per thread than one stream on this VM's DRAM. */
+typedef void (*kernel2_fn)(uint64_t *acc_a, uint64_t *acc_b, uint32_t *stripes, const uint8_t *src_a,
+                           uint8_t *dst_a, const uint8_t *src_b, uint8_t *dst_b, size_t n, int nt,
+                           uint8_t *last_a, uint8_t *last_b);
+
+static void k2_scalar(uint64_t *acc_a, uint64_t *acc_b, uint32_t *stripes, const uint8_t *src_a, uint8_t *dst_a,
+                      const uint8_t *src_b, uint8_t *dst_b, size_t n, int nt, uint8_t *last_a, uint8_t *last_b) {
+    uint32_t k = *stripes;
+    k_scalar(acc_a, &k, src_a, dst_a, n, nt, last_a);
+    k_scalar(acc_b, stripes, src_b, dst_b, n, nt, last_b);
+}
+
+#ifdef TKV_X86
+__attribute__((target("avx2"))) static void k2_avx2(uint64_t *acc_a, uint64_t *acc_b, uint32_t *stripes,
+                                                    const uint8_t *src_a, uint8_t *dst_a, const uint8_t *src_b,
+                                                    uint8_t *dst_b, size_t n, int nt, uint8_t *last_a,
+                                                    uint8_t *last_b) {
+    uint32_t k = *stripes;
+    k_avx2(acc_a, &k, src_a, dst_a, n, nt, last_a); /* AVX2 has too few registers to gain here */
+    k_avx2(acc_b, stripes, src_b, dst_b, n, nt, last_b);
+}
+
+__attribute__((target("avx512f"))) static inline __m512i acc512(__m512i a, __m512i d, const uint8_t *key) {
+    __m512i dk = _mm512_xor_si512(d, _mm512_loadu_si512((const void *)key));
+    __m512i prod = _mm512_mul_epu32(dk, _mm512_srli_epi64(dk, 32));
+    __m512i swapped = _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2));
+    return _mm512_add_epi64(a, _mm512_add_epi64(prod, swapped));
+}
+
+__attribute__((target("avx512f"))) static inline __m512i scr512(__m512i a, __m512i key) {
+    const __m512i prime = _mm512_set1_epi32((int)P32_1);
+    __m512i x = _mm512_xor_si512(_mm512_xor_si512(a, _mm512_srli_epi64(a, 47)), key);
+    __m512i lo = _mm512_mul_epu32(x, prime);
+    __m512i hi = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), prime);
+    return _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32));
+}
+
+__attribute__((target("avx512f"))) static inline void store512(uint8_t *dst, __m512i d, int stream) {
+    if (stream == 64) {
+        _mm512_stream_si512((void *)dst, d);
+    } else if (stream == 16) {
+        __m128i *q = (__m128i *)dst;
+        _mm_stream_si128(q, _mm512_extracti32x4_epi32(d, 0));
+        _mm_stream_si128(q + 1, _mm512_extracti32x4_epi32(d, 1));
+        _mm_stream_si128(q + 2, _mm512_extracti32x4_epi32(d, 2));
+        _mm_stream_si128(q + 3, _mm512_extracti32x4_epi32(d, 3));
+    } else {
+        _mm512_storeu_si512((void *)dst, d);
+    }
+}
+
+static int nt_mode(const uint8_t *dst, int nt) {
+    return !(nt && dst) ? 0 : ((uintptr_t)dst & 63) == 0 ? 64 : ((uintptr_t)dst & 15) == 0 ? 16 : 0;
+}
+
+__attribute__((target("avx512f"))) static void k2_avx512(uint64_t *acc_a, uint64_t *acc_b, uint32_t *stripes,
+                                                        const uint8_t *src_a, uint8_t *dst_a, const uint8_t *src_b,
+                                                        uint8_t *dst_b, size_t n, int nt, uint8_t *last_a,
+                                                        uint8_t *last_b) {
+    const __m512i skey = _mm512_loadu_si512((const void *)(SECRET + SCRAMBLE_KEY));
+    __m512i a = _mm512_loadu_si512((const void *)acc_a), b = _mm512_loadu_si512((const void *)acc_b);
+    __m512i da = _mm512_setzero_si512(), db = _mm512_setzero_si512();
+    int sa = nt_mode(dst_a, nt), sb = nt_mode(dst_b, nt);
+    uint32_t k = *stripes;
+    for (size_t s = 0; s < n; s++) {
+        _mm_prefetch((const char *)(src_a + STRIPE * s + PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(src_b + STRIPE * s + PREFETCH), _MM_HINT_T0);
+        da = _mm512_loadu_si512((const void *)(src_a + STRIPE * s));
+        db = _mm512_loadu_si512((const void *)(src_b + STRIPE * s));
+        __asm__("" : "+v"(da), "+v"(db)); /* the hashed values are the stored values */
+        if (dst_a) store512(dst_a + STRIPE * s, da, sa);
+        if (dst_b) store512(dst_b + STRIPE * s, db, sb);
+        a = acc512(a, da, SECRET + 8 * k);
+        b = acc512(b, db, SECRET + 8 * k);
+        if (++k == STRIPES_PER_BLOCK) {
+            a = scr512(a, skey);
+            b = scr512(b, skey);
+            k = 0;
+        }
+    }
+    _mm512_storeu_si512((void *)acc_a, a);
+    _mm512_storeu_si512((void *)acc_b, b);
+    _mm512_storeu_si512((void *)last_a, da);
+    _mm512_storeu_si512((void *)last_b, db);
+    *stripes = k;
+}
+#endif
+
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
 static kernel_fn KERNELS[3] = {k_scalar,
@@ -212,6 +301,13 @@ static kernel_fn KERNELS[3] = {k_scalar,
                                k_avx2, k_avx512
 #else
                                0, 0
+#endif
+};
+static kernel2_fn KERNELS2[3] = {k2_scalar,
+#ifdef TKV_X86
+                                 k2_avx2, k2_avx512
+#else
+                                 0, 0
 #endif
 };
 static int g_impl = -1;
@@ -290,6 +386,53 @@ void tkv_hash_feed(tkv_hash *h, const uint8_t *src, uint8_t *dst, size_t len, in
         }
         h->buflen += (uint32_t)take;
         src += take;
+        len -= take;
+    }
+}
+
+/* tkv_hash_feed on two states in the same position (same bytes fed so far) with the same length,
+ * streaming both at once; they stay in the same position. */
+void tkv_hash_feed2(tkv_hash *ha, tkv_hash *hb, const uint8_t *src_a, uint8_t *dst_a, const uint8_t *src_b,
+                    uint8_t *dst_b, size_t len, int nt) {
+    kernel_fn kernel = KERNELS[tkv_impl()];
+    kernel2_fn kernel2 = KERNELS2[tkv_impl()];
+    ha->total += len;
+    hb->total += len;
+    while (len) {
+        if (ha->buflen == STRIPE) {
+            uint32_t k = ha->stripes;
+            kernel(ha->acc, &k, ha->buf, NULL, 1, 0, ha->last);
+            kernel(hb->acc, &hb->stripes, hb->buf, NULL, 1, 0, hb->last);
+            ha->stripes = hb->stripes;
+            ha->buflen = hb->buflen = 0;
+        }
+        if (ha->buflen == 0 && len > STRIPE) {
+            size_t n = (len - 1) / STRIPE;
+            kernel2(ha->acc, hb->acc, &ha->stripes, src_a, dst_a, src_b, dst_b, n, nt, ha->last, hb->last);
+            hb->stripes = ha->stripes;
+            src_a += STRIPE * n;
+            src_b += STRIPE * n;
+            if (dst_a) dst_a += STRIPE * n;
+            if (dst_b) dst_b += STRIPE * n;
+            len -= STRIPE * n;
+            continue;
+        }
+        size_t take = STRIPE - ha->buflen;
+        if (take > len) take = len;
+        memcpy(ha->buf + ha->buflen, src_a, take);
+        memcpy(hb->buf + hb->buflen, src_b, take);
+        if (dst_a) {
+            memcpy(dst_a, ha->buf + ha->buflen, take);
+            dst_a += take;
+        }
+        if (dst_b) {
+            memcpy(dst_b, hb->buf + hb->buflen, take);
+            dst_b += take;
+        }
+        ha->buflen += (uint32_t)take;
+        hb->buflen += (uint32_t)take;
+        src_a += take;
+        src_b += take;
         len -= take;
     }
 }

@@ -88,3 +88,29 @@ def test_only_a_kernel_the_cpu_has_can_be_chosen() -> None:
     with pytest.raises(ValueError, match="not supported"):
         native_lib.use_kernel("sse9")
     assert native_lib.kernel() == KERNELS[-1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_stream_blocks_in_pairs_like_the_fallback(kernel: str, seed: int) -> None:
+    """Batches copy two blocks side by side when their headers are the same size (and one by one
+    otherwise: keys of very different lengths here); both give the fallback's bytes and sums."""
+    from connector import native_batch
+
+    rng = np.random.default_rng(100 + seed)
+    layers, seg, n = int(rng.integers(1, 5)), int(rng.choice([72, 260, 4096, 12288])), int(rng.integers(2, 9))
+    pool = rng.integers(0, 256, (layers, 2, n + 3, seg), dtype=np.uint8)
+    keys = [(b"k" * (1 + 150 * int(rng.integers(0, 2)))) + b"%d" % i for i in range(n)]
+    blocks = [encode_block(k, rng.integers(0, 256, (layers, 2, 1, seg), dtype=np.uint8)) for k in keys]
+    headers = [read_header(b) for b in blocks]
+    payloads = [memoryview(b)[h.size :] for b, h in zip(blocks, headers, strict=True)]
+    pages = [int(p) for p in rng.permutation(n + 3)[:n]]
+    got = [pool.copy(), pool.copy()]
+    for g, u in zip(got, (True, False), strict=True):
+        assert native_batch.unpack_verify_many(headers, payloads, g, pages, threads=2, use_native=u) == [True] * n
+    assert np.array_equal(got[0], got[1])
+    prefixes = [native.hashed_header(h.raw) for h in headers]
+    outs = [[np.empty(layers * 2 * seg, np.uint8) for _ in range(n)] for _ in range(2)]
+    sums = [native_batch.pack_checksum_many(prefixes, got[0], pages, o, threads=2, use_native=u)
+            for o, u in zip(outs, (True, False), strict=True)]
+    assert sums[0] == sums[1] == [h.checksum for h in headers]
+    assert all(a.tobytes() == b.tobytes() == bytes(p) for a, b, p in zip(*outs, payloads, strict=True))
