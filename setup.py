@@ -13,8 +13,8 @@ setup(
     ext_modules=[
         Extension(
             "connector._native",
-            sources=["csrc/tierkv_native.c", "csrc/xxh3_copy.c", "csrc/rope.c"],
-            depends=["csrc/tkv.h"],
+            sources=["csrc/tierkv_native.c", "csrc/xxh3_copy.c", "csrc/xxh3_kernels.c", "csrc/rope.c"],
+            depends=["csrc/tkv.h", "csrc/xxh3.h"],
             # -ffp-contract=off: no fused multiply-add, so float results match torch's bit for bit
             extra_compile_args=["-O3", "-std=gnu11", "-pthread", "-ffp-contract=off", "-fvisibility=default"],
             extra_link_args=["-pthread"],
