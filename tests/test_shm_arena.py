@@ -227,3 +227,23 @@ def test_encode_block_round_trip_through_the_arena_loader_path() -> None:
         out: list[bytes] = []
         c.read_many([key], lambda i, mv: out.append(bytes(decode_block(mv).payload)))
         assert out == [np.arange(4096, dtype=np.float32).tobytes()]
+
+
+def test_the_arena_file_goes_with_the_tier() -> None:
+    """Its pages live as long as its fd: closed by close() (once), or when the tier is collected."""
+    import gc
+    import os
+
+    tier = CpuTier(1 << 20)
+    share = tier.share()
+    assert share is not None and os.fstat(share.fd).st_size == share.size
+    tier.close()
+    tier.close()
+    with pytest.raises(OSError):
+        os.fstat(share.fd)
+    other = CpuTier(1 << 20)
+    fd = other.share().fd  # type: ignore[union-attr]
+    del other
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)

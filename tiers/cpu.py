@@ -164,6 +164,8 @@ class CpuTier(Tier):
         if shared and made is None:
             raise TierError(self.name, "cannot make a shared arena (no memfd_create, or it failed)")
         self._share: ArenaShare | None = made[1] if made else None
+        # the memfd's pages live as long as its fd: closed by close(), or when the tier is collected
+        self._close_fd = weakref.finalize(self, os.close, made[1].fd) if made else None
         self._arena: np.ndarray | None = made[0] if made else _allocate_arena(self.capacity_bytes, self.pinned)
         self._base = self._arena.ctypes.data
         self._alloc = _Allocator(self.capacity_bytes)
@@ -295,6 +297,6 @@ class CpuTier(Tier):
             self._arena = None
             self._blocks.clear()
             self._used = 0
-            share, self._share = self._share, None
-        if share is not None:
-            os.close(share.fd)
+            self._share = None
+        if self._close_fd is not None:
+            self._close_fd()  # once: a second close() does nothing
