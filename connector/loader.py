@@ -1,18 +1,28 @@
 """Load: daemon blocks straight into fresh KV pool pages, under a deadline.
 
-Blocks are fetched in chunks (one Get per ``chunk_bytes``) so that a deadline or a failure
-keeps the contiguous prefix that already arrived. Every block is checked before it may feed
-attention: key, dtype and shape from a private copy of its header, then the checksum of the
-payload *as copied*; the first bad or missing block ends the usable prefix (the rest is
-recomputed). Copy first, verify the copy: on the shared-memory path the source is a segment that
-other writers can reach, so bytes verified there could differ from the bytes then copied. A block
-is copied once, checksummed in the same pass (``connector.native.unpack_verify``: segment -> pool
-page; on an accelerator: segment -> pinned host staging, then uploaded).
+Every block is checked before it may feed attention: key, dtype and shape from a private copy of
+its header, then the checksum of the payload *as copied*; the first bad or missing block ends
+the usable prefix (the rest is recomputed). Copy first, verify the copy: on the shared-memory
+path the source is memory other processes can reach, so bytes verified there could differ from
+the bytes then copied. A block is copied once, checksummed in the same pass
+(``connector.native_batch.unpack_verify_many``: source -> pool page, every block of a Get answer
+in one native call on several threads; on an accelerator: -> pinned host staging, then uploaded).
+
+How many blocks one Get asks for: when the daemon answers in place from its cpu arena (the
+client mapped it, kvstore/shm.py) the answer is only handles, so one Get asks for the whole
+load; otherwise one Get per ``chunk_bytes`` (what the daemon copies into the segment at once).
+Either way a deadline keeps the contiguous prefix that arrived: the copy itself runs within
+the time left, and blocks it did not reach are not counted.
+
+Thread safety: ``load`` may be called from a worker thread; one load runs at a time per Loader
+(they share the staging buffer), and ``lookup`` never waits for a load (each call carries its
+own deadline to the client, which is shared).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -20,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from connector import native
+from connector import native, native_batch
 from engine.kv_pool import KVPool
 from kvstore.block import BlockHeader, read_header
 from kvstore.client import KVStoreClient
@@ -29,6 +39,7 @@ from kvstore.keys import BlockKey
 from kvstore.store_types import LookupResult
 
 log = logging.getLogger(__name__)
+STAGE_PAGES = 32  # pages staged on the host at once for an accelerator pool
 
 
 class LoadResult(NamedTuple):
@@ -44,46 +55,69 @@ def _expected_dtype(dtype: torch.dtype) -> str:
 
 
 class _PageCopier:
-    """Copies a block's payload into a pool page and verifies what was copied (one pass)."""
+    """Copies blocks' payloads into pool pages and verifies what was copied (one pass)."""
 
-    def __init__(self, pool: KVPool, in_place: bool | None = None) -> None:
+    def __init__(self, pool: KVPool, in_place: bool | None = None, threads: int | None = None) -> None:
         """``in_place``: copy straight into the pool (default: when the pool is in host memory);
-        otherwise into a one-page host staging buffer (pinned under CUDA), then upload."""
+        otherwise into host staging pages (pinned under CUDA), then upload the verified ones."""
         self.pool = pool
+        self.threads = threads
         self._stage: torch.Tensor | None = None
         if in_place is None:
             in_place = pool.device.type == "cpu"
         if in_place:
             self._pages = native.page_bytes(pool.kv)
-        else:
-            layers, kv, *page = pool.block_shape()
-            self._stage = torch.empty((layers, kv, 1, *page), dtype=pool.dtype, pin_memory=torch.cuda.is_available())
-            self._pages = native.page_bytes(self._stage)
+        else:  # [pages, layers, 2, ...]: a run of staged pages is one contiguous (pinned) upload
+            self._stage = torch.empty((STAGE_PAGES, *pool.block_shape()), dtype=pool.dtype,
+                                      pin_memory=torch.cuda.is_available())
+            self._pages = native.page_bytes(self._stage.permute(1, 2, 0, 3, 4, 5))
 
-    def copy(self, page: int, header: BlockHeader, payload: memoryview) -> None:
-        """Raises ChecksumError if the copy does not match (the page then holds garbage: the
-        caller does not count it, and the pages from the first bad one on are recomputed)."""
+    def copy_many(self, pages: Sequence[int], headers: Sequence[BlockHeader], payloads: Sequence[memoryview],
+                  budget_s: float) -> list[bool | None]:
+        """Per block: True (its page now holds the verified block), False (checksum mismatch:
+        the page holds garbage, never counted) or None (not reached within ``budget_s``)."""
         if self._stage is None:
-            native.unpack_verify(header, payload, self._pages, [page])
-            return
-        native.unpack_verify(header, payload, self._pages, [0])
-        self.pool.write_pages([page], self._stage.permute(2, 0, 1, 3, 4, 5))
+            return native_batch.unpack_verify_many(headers, payloads, self._pages, pages, threads=self.threads,
+                                                   budget_s=max(budget_s, 1e-9))
+        out: list[bool | None] = []
+        end = time.perf_counter() + budget_s
+        for s in range(0, len(pages), STAGE_PAGES):
+            left = end - time.perf_counter()
+            n = min(STAGE_PAGES, len(pages) - s)
+            if left <= 0:
+                out += [None] * n
+                continue
+            res = native_batch.unpack_verify_many(headers[s : s + n], payloads[s : s + n], self._pages, range(n),
+                                                  threads=self.threads, budget_s=left)
+            good = [j for j, r in enumerate(res) if r]
+            if good:  # a leading run uploads straight from the pinned buffer
+                staged = self._stage[: len(good)] if good[-1] == len(good) - 1 else self._stage[good]
+                self.pool.write_pages([pages[s + j] for j in good], staged)
+            out += res
+        return out
 
 
 class Loader:
-    def __init__(self, client: KVStoreClient, pool: KVPool, chunk_bytes: int) -> None:
+    def __init__(self, client: KVStoreClient, pool: KVPool, chunk_bytes: int, threads: int | None = None,
+                 in_place_chunk_bytes: int | None = None) -> None:  # fmt: skip
+        """``threads``: copy threads per batch (None: ``native.default_threads()`` for large ones).
+        ``in_place_chunk_bytes``: bytes per Get when the daemon answers in place (None: all)."""
         self.client = client
         self.pool = pool
-        self.chunk_pages = max(1, chunk_bytes // pool.bytes_per_page)
+        self._page_len = pool.bytes_per_page  # (a torch computation each time it is asked)
+        self.chunk_pages = max(1, chunk_bytes // self._page_len)
+        self.in_place_chunk_pages = None if in_place_chunk_bytes is None else \
+            max(1, in_place_chunk_bytes // self._page_len)
         self._shape = pool.block_shape()
         self._dtype = _expected_dtype(pool.dtype)
-        self._copier = _PageCopier(pool)
+        self._copier = _PageCopier(pool, threads=threads)
+        self._lock = threading.Lock()
         native.log_status()
         self.throttle_bps = 0.0  # > 0: a bandwidth test double, every chunk also waits bytes / this
 
     def _throttle(self, n_blocks: int, left: float) -> None:
         if self.throttle_bps > 0:
-            time.sleep(min(left, n_blocks * self.pool.bytes_per_page / self.throttle_bps))
+            time.sleep(min(left, n_blocks * self._page_len / self.throttle_bps))
 
     def lookup(self, keys: Sequence[BlockKey], deadline_s: float) -> list[str | None]:
         """Tier of each leading key the daemon holds, up to the first miss (raises KVStoreError)."""
@@ -92,54 +126,78 @@ class Loader:
 
     def lookup_all(self, keys: Sequence[BlockKey], deadline_s: float) -> LookupResult:
         """The daemon's whole answer: every key's tier, and the tier that evicted an absent one lately."""
-        self.client.deadline_s = deadline_s
-        return self.client.lookup(list(keys))
+        return self.client.lookup(list(keys), deadline_s=deadline_s)
 
     def load(self, keys: Sequence[BlockKey], pages: Sequence[int], deadline_s: float) -> LoadResult:
+        with self._lock:
+            return self._load(keys, pages, deadline_s)
+
+    def _check(self, key: BlockKey, mv: memoryview) -> tuple[BlockHeader, memoryview] | str:
+        """The block's header (a private copy) and payload view, or why it cannot be this page."""
+        try:
+            hdr = read_header(mv)
+        except BlockFormatError as e:
+            return f"format: {e}"
+        if hdr.key != key or hdr.shape != self._shape or hdr.dtype != self._dtype \
+                or hdr.payload_len != self._page_len:
+            return f"mismatch: key/shape {hdr.shape}/dtype {hdr.dtype}"
+        return hdr, mv[hdr.size :]
+
+    def _load(self, keys: Sequence[BlockKey], pages: Sequence[int], deadline_s: float) -> LoadResult:
         t0 = time.perf_counter()
         end = t0 + deadline_s
-        ok = 0
-        failure = ""
-        for start in range(0, len(keys), self.chunk_pages):
+        ok, start, failure = 0, 0, ""
+        while start < len(keys):
             left = end - time.perf_counter()
             if left <= 0:
                 failure = "deadline"
                 break
-            chunk = list(keys[start : start + self.chunk_pages])
+            step = (self.in_place_chunk_pages or len(keys)) if self.client.arena_active else self.chunk_pages
+            chunk = list(keys[start : start + step])
             self._throttle(len(chunk), left)
             left = end - time.perf_counter()
             if left <= 0:
                 failure = "deadline"
                 break
-            good = [False] * len(chunk)
-            bad: list[str] = []
+            good: list[bool | None] = [None] * len(chunk)
+            bad: dict[int, str] = {}  # why a block was refused
 
-            def sink(i: int, mv: memoryview, start: int = start, chunk: list = chunk, good: list = good,
-                     bad: list = bad) -> None:
-                try:
-                    hdr = read_header(mv)
-                    if hdr.key != chunk[i] or hdr.shape != self._shape or hdr.dtype != self._dtype \
-                            or hdr.payload_len != self.pool.bytes_per_page:
-                        bad.append(f"mismatch: key/shape {hdr.shape}/dtype {hdr.dtype}")
-                        return
-                    self._copier.copy(pages[start + i], hdr, mv[hdr.size :])
-                except BlockFormatError as e:  # ChecksumError included
-                    bad.append(f"checksum: {e}")
+            def consume(items: list[tuple[int, memoryview]], start: int = start, chunk: list = chunk,
+                        good: list = good, bad: dict = bad) -> None:
+                idx, headers, payloads = [], [], []
+                for i, mv in items:
+                    checked = self._check(chunk[i], mv)
+                    if isinstance(checked, str):
+                        good[i] = False
+                        bad[i] = checked
+                        continue
+                    idx.append(i)
+                    headers.append(checked[0])
+                    payloads.append(checked[1])
+                if not idx:
                     return
-                good[i] = True
+                res = self._copier.copy_many([pages[start + i] for i in idx], headers, payloads,
+                                             end - time.perf_counter())
+                for i, r in zip(idx, res, strict=True):
+                    good[i] = r
+                    if r is False:
+                        bad[i] = f"checksum mismatch for block {chunk[i].hex()[:16]} (as copied)"
 
-            self.client.deadline_s = left
             try:
-                self.client.read_many(chunk, sink)
+                found = self.client.read_batches(chunk, consume, deadline_s=left)
             except KVStoreError as e:
                 failure = "deadline" if isinstance(e, KVStoreTimeout) else "unavailable"
                 log.info("load chunk at page %d failed (%s): %s", start, failure, e)
                 break
-            n = next((i for i, g in enumerate(good) if not g), len(good))
+            n = next((i for i, g in enumerate(good) if g is not True), len(good))
             ok += n
             if n < len(chunk):
-                failure = "checksum" if bad else "missing"
-                if bad:
-                    log.warning("dropping a bad block from the daemon (%s); recomputing from page %d", bad[0], ok)
+                if good[n] is None and found[n]:
+                    failure = "deadline"  # it arrived, but the copy ran out of time before it
+                else:
+                    failure = "checksum" if good[n] is False else "missing"
+                if good[n] is False:
+                    log.warning("dropping a bad block from the daemon (%s); recomputing from page %d", bad[n], ok)
                 break
+            start += len(chunk)
         return LoadResult(ok, time.perf_counter() - t0, failure)

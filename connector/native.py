@@ -1,42 +1,44 @@
 """Native data-path ops (csrc/) behind thin wrappers, with numpy fallbacks chosen automatically.
 
-Two ops move a block between its wire layout ``[layers, 2, n, seg]`` (``seg``: the bytes of one
-page of one layer's K or V) and pages of a KV pool seen as bytes ``[layers, 2, pages, seg]``:
+The ops move blocks between their wire layout ``[layers, 2, n, seg]`` (``seg``: the bytes of
+one page of one layer's K or V) and pages of a KV pool seen as bytes ``[layers, 2, pages, seg]``:
 
 - ``unpack_verify``: block payload -> pool pages, computing the block checksum (xxh3_64 of the
   zeroed header, then the payload; kvstore/block.py) over the bytes *as copied*; raises
   ChecksumError on a mismatch (the caller then never counts the pages).
 - ``pack_checksum``: pool pages -> one contiguous payload, returning its checksum.
+(``connector.native_batch`` does the same for many one-page blocks in one call, on several threads.)
 
-The native version does each in one pass (copy a cache-sized chunk, hash it from the
-destination while it is in cache); the fallback copies everything, then hashes. Both give the
-same bytes and the same checksum, bit for bit (tests/test_native_ops.py). The native library is
-loaded lazily, self-tested against python-xxhash once, and ``status()`` says which one runs.
+The native version does each block in one pass: every 64-byte stripe is read once, written,
+and hashed from the same registers (csrc/xxh3_copy.c), so the checksum is of exactly the bytes
+that landed. The fallback copies, then hashes the destination. Both give the same bytes and the
+same checksum, bit for bit (tests/test_native_ops.py). Streams of at most 240 bytes (XXH3's
+short-input algorithms, never a real KV page) take the fallback. The library is loaded lazily
+and self-tested (connector/native_lib.py); ``status()`` says which implementation runs.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import importlib.machinery
 import logging
 import operator
+import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 import xxhash
 
+from connector import native_lib
 from kvstore.block import _CHECKSUM_OFFSET, _FIXED, BlockHeader
 from kvstore.errors import ChecksumError
 
 log = logging.getLogger(__name__)
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
-_I64x3 = ctypes.c_int64 * 3
-_PAGES = ctypes.POINTER(ctypes.c_int64)
+NT_MIN_BYTES = 256 * 1024  # from this size on, stores bypass the cache (the pool is not read back soon)
+THREAD_MIN_BYTES = 4 * 2**20  # below this a batch runs on the calling thread alone
 
 
 class NativeStatus(NamedTuple):
@@ -59,47 +61,8 @@ def page_bytes(kv: torch.Tensor) -> np.ndarray:
     return out
 
 
-def _library_path() -> Path | None:
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = here / f"_native{suffix}"
-        if p.exists():
-            return p
-    return None
-
-
-@functools.cache
-def _load() -> tuple[ctypes.CDLL | None, str]:
-    path = _library_path()
-    if path is None:
-        return None, "extension not built (no C compiler at install time?)"
-    try:
-        lib = ctypes.CDLL(str(path))
-        xx = ctypes.CDLL(xxhash._xxhash.__file__)  # python-xxhash exports the XXH3_* API
-        names = ("XXH3_createState", "XXH3_freeState", "XXH3_64bits_reset", "XXH3_64bits_update",
-                 "XXH3_64bits_digest")
-        fns = [ctypes.cast(getattr(xx, n), ctypes.c_void_p) for n in names]
-    except (OSError, AttributeError) as e:
-        return None, f"cannot load {path.name} or the xxhash entry points: {e}"
-    lib.tkv_init.argtypes = [ctypes.c_void_p] * 5
-    lib.tkv_copy_hash.argtypes = [
-        ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, _I64x3, _PAGES,
-        ctypes.c_void_p, _I64x3, _PAGES, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        ctypes.POINTER(ctypes.c_uint64),
-    ]
-    if lib.tkv_abi_version() != 1 or lib.tkv_init(*fns) != 0:
-        return None, f"{path.name} has an unexpected interface (rebuild it)"
-    probe = np.arange(3 * 2 * 5 * 40, dtype=np.uint8).reshape(3, 2, 5, 40)
-    out = np.empty(3 * 2 * 2 * 40, dtype=np.uint8)
-    got = _pack_native(lib, b"probe", probe, _page_ids([4, 1], 5), out)
-    want = xxhash.xxh3_64(b"probe" + np.ascontiguousarray(probe[:, :, [4, 1]]).tobytes()).intdigest()
-    if got != want or not np.array_equal(out.reshape(3, 2, 2, 40), probe[:, :, [4, 1]]):
-        return None, "self-test against python-xxhash failed"
-    return lib, ""
-
-
 def status() -> NativeStatus:
-    lib, reason = _load()
+    lib, reason = native_lib.load()
     return NativeStatus("native", "") if lib is not None else NativeStatus("fallback", reason)
 
 
@@ -107,7 +70,7 @@ def log_status() -> NativeStatus:
     """Log (once per call: call it at start-up) which implementation the data path uses."""
     st = status()
     if st.impl == "native":
-        log.info("data path: native unpack_verify/pack_checksum (csrc/)")
+        log.info("data path: native unpack_verify/pack_checksum (csrc/, %s kernel)", native_lib.kernel())
     else:
         log.warning("data path: numpy fallback for unpack_verify/pack_checksum: %s", st.reason)
     return st
@@ -124,6 +87,14 @@ def info_gauge(registry: object):
     return g
 
 
+def default_threads() -> int:
+    """Threads a large batch uses: the cores this process may run on (at most 4)."""
+    try:
+        return max(1, min(4, len(os.sched_getaffinity(0))))
+    except (AttributeError, OSError):
+        return max(1, min(4, os.cpu_count() or 1))
+
+
 # ---- argument checks (every bad argument is a ValueError before any byte moves) -------------
 
 def _pool_view(pool: np.ndarray, writable: bool) -> np.ndarray:
@@ -135,7 +106,7 @@ def _pool_view(pool: np.ndarray, writable: bool) -> np.ndarray:
     return pool
 
 
-def _page_ids(pages: Sequence[int], num_pages: int) -> ctypes.Array:
+def _page_list(pages: Sequence[int], num_pages: int) -> list[int]:
     try:
         ids = [operator.index(p) for p in pages]
     except TypeError as e:
@@ -146,7 +117,7 @@ def _page_ids(pages: Sequence[int], num_pages: int) -> ctypes.Array:
         raise ValueError(f"page index outside 0..{num_pages - 1}: {ids}")
     if len(set(ids)) != len(ids):
         raise ValueError(f"duplicate page in {ids}")
-    return (ctypes.c_int64 * len(ids))(*ids)
+    return ids
 
 
 def _flat(buf: Buffer, nbytes: int, what: str, writable: bool) -> np.ndarray:
@@ -155,7 +126,10 @@ def _flat(buf: Buffer, nbytes: int, what: str, writable: bool) -> np.ndarray:
             raise ValueError(f"{what} must be C-contiguous")
         arr = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
     else:
-        arr = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+        try:
+            arr = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+        except TypeError as e:  # a non-contiguous memoryview, or not a buffer at all
+            raise ValueError(f"{what} must be a contiguous buffer: {e}") from e
     if arr.nbytes != nbytes:
         raise ValueError(f"{what} has {arr.nbytes} bytes, expected {nbytes}")
     if writable and not arr.flags.writeable:
@@ -163,8 +137,8 @@ def _flat(buf: Buffer, nbytes: int, what: str, writable: bool) -> np.ndarray:
     return arr
 
 
-def _native_ok(pool: np.ndarray, use_native: bool | None) -> ctypes.CDLL | None:
-    lib, reason = _load()
+def _native(pool: np.ndarray, use_native: bool | None) -> ctypes.CDLL | None:
+    lib, reason = native_lib.load()
     if use_native and lib is None:
         raise RuntimeError(f"native ops unavailable: {reason}")
     if use_native is False or lib is None or pool.strides[3] != 1:
@@ -172,20 +146,26 @@ def _native_ok(pool: np.ndarray, use_native: bool | None) -> ctypes.CDLL | None:
     return lib
 
 
-def _strides(a: np.ndarray) -> ctypes.Array:
-    return _I64x3(*a.strides[:3])
+def _flags(nbytes: int) -> int:
+    return 1 if nbytes >= NT_MIN_BYTES else 0
 
 
-def _pack_native(lib: ctypes.CDLL, prefix: bytes, pool: np.ndarray, ids: ctypes.Array, out: np.ndarray) -> int:
-    layers, _, _, seg = pool.shape
-    n = len(ids)
+def _copy_hash(lib: ctypes.CDLL, prefix: bytes, src: np.ndarray, src_strides: Sequence[int], src_pages,
+               dst: np.ndarray, dst_strides: Sequence[int], dst_pages, layers: int, n: int, seg: int) -> int | None:
+    """The native one-pass copy + checksum; None when the stream is too short for it."""
     digest = ctypes.c_uint64()
-    rc = lib.tkv_copy_hash(prefix, len(prefix), pool.ctypes.data, _strides(pool), ids,
-                           out.ctypes.data, _I64x3(2 * n * seg, n * seg, seg), None, layers, n, seg,
-                           ctypes.byref(digest))
+    rc = lib.tkv_copy_hash(prefix, len(prefix), src.ctypes.data, native_lib.I64x3(*src_strides), src_pages,
+                           dst.ctypes.data, native_lib.I64x3(*dst_strides), dst_pages, layers, n, seg,
+                           _flags(layers * 2 * n * seg), ctypes.byref(digest))
+    if rc == native_lib.TOO_SHORT:
+        return None
     if rc != 0:
         raise RuntimeError(f"tkv_copy_hash failed ({rc})")
     return digest.value
+
+
+def _c_pages(ids: list[int]) -> ctypes.Array:
+    return (ctypes.c_int64 * len(ids))(*ids)
 
 
 # ---- the ops ---------------------------------------------------------------------------------
@@ -200,23 +180,19 @@ def unpack_verify(header: BlockHeader, payload: Buffer, pool: np.ndarray, pages:
     """
     pool = _pool_view(pool, writable=True)
     layers, _, num_pages, seg = pool.shape
-    ids = _page_ids(pages, num_pages)
+    ids = _page_list(pages, num_pages)
     n = len(ids)
     src = _flat(payload, layers * 2 * n * seg, "payload", writable=False)
     if header.payload_len != src.nbytes:
         raise ValueError(f"header says {header.payload_len} payload bytes, got {src.nbytes}")
     prefix = hashed_header(header.raw)
-    lib = _native_ok(pool, use_native)
+    lib = _native(pool, use_native)
+    got = None
     if lib is not None:
-        digest = ctypes.c_uint64()
-        rc = lib.tkv_copy_hash(prefix, len(prefix), src.ctypes.data, _I64x3(2 * n * seg, n * seg, seg), None,
-                               pool.ctypes.data, _strides(pool), ids, layers, n, seg,
-                               ctypes.byref(digest))
-        if rc != 0:
-            raise RuntimeError(f"tkv_copy_hash failed ({rc})")
-        got = digest.value
-    else:
-        pool[:, :, list(ids)] = src.reshape(layers, 2, n, seg)
+        got = _copy_hash(lib, prefix, src, (2 * n * seg, n * seg, seg), None, pool, pool.strides[:3], _c_pages(ids),
+                         layers, n, seg)
+    if got is None:
+        pool[:, :, ids] = src.reshape(layers, 2, n, seg)
         h = xxhash.xxh3_64(prefix)
         for layer in range(layers):
             for kv in (0, 1):
@@ -233,13 +209,18 @@ def pack_checksum(prefix: bytes, pool: np.ndarray, pages: Sequence[int], out: Bu
     writable, contiguous) and return xxh3_64 of ``prefix`` followed by what was written."""
     pool = _pool_view(pool, writable=False)
     layers, _, num_pages, seg = pool.shape
-    ids = _page_ids(pages, num_pages)
-    dst = _flat(out, layers * 2 * len(ids) * seg, "out", writable=True)
+    ids = _page_list(pages, num_pages)
+    n = len(ids)
+    dst = _flat(out, layers * 2 * n * seg, "out", writable=True)
     prefix = bytes(prefix)
-    lib = _native_ok(pool, use_native)
+    lib = _native(pool, use_native)
     if lib is not None:
-        return _pack_native(lib, prefix, pool, ids, dst)
-    dst.reshape(layers, 2, len(ids), seg)[:] = pool[:, :, list(ids)]
+        got = _copy_hash(lib, prefix, pool, pool.strides[:3], _c_pages(ids), dst, (2 * n * seg, n * seg, seg), None,
+                         layers, n, seg)
+        if got is not None:
+            return got
+    dst.reshape(layers, 2, n, seg)[:] = pool[:, :, ids]
     h = xxhash.xxh3_64(prefix)
     h.update(dst)
     return h.intdigest()
+

@@ -9,10 +9,16 @@ call gives up within roughly ``retry.attempts x deadline_s``, never hangs); a re
 raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's message, a missing or
 wrong token AuthError (not retried; credentials: kvstore/auth.py ClientAuth); a lost
 shared-memory session (ShmSessionLost) is re-attached and retried here.
+
+Zero-copy reads (``use_arena=None`` = when the daemon offers it): once attached, the client maps
+the daemon's cpu-tier arena read-only (kvstore/shm.py ArenaMap), and ``read_many`` /
+``read_batches`` hand out views of it for blocks held there, pinned by a lease that is released
+(without waiting) once the sink returns. ``get_many`` never uses it: its views outlive the call.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -36,11 +42,12 @@ from kvstore.errors import (
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.retry import Retry
-from kvstore.shm import Handle, ShmPool, ShmSegment
+from kvstore.shm import ArenaMap, Handle, ShmPool, ShmSegment
 from kvstore.store_types import LookupResult, StoreStats, TenantStats, TierStats
 from kvstore.stream_client import StreamChannel
 from tiers.base import Buffer
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_ON = (KVStoreUnavailable, KVStoreTimeout)  # transport failures; every call is idempotent
 
@@ -87,9 +94,12 @@ class KVStoreClient:
         use_stream: bool | None = None,
         max_block_bytes: int = 1024**3,
         auth: ClientAuth | None = None,
+        use_arena: bool | None = None,
     ) -> None:
         """``auth`` None: token and TLS files from the environment or the default token file
-        (``ClientAuth.from_env``), so a daemon started on this machine is found with no flag."""
+        (``ClientAuth.from_env``), so a daemon started on this machine is found with no flag.
+        ``use_arena``: read cpu-tier blocks in place (None: when the daemon offers it; True:
+        fail an attach whose arena cannot be mapped)."""
         self.address, self.deadline_s = address, deadline_s
         self.retry = retry or Retry()
         self.chunk_bytes, self.batch_bytes, self.batch_keys = chunk_bytes, batch_bytes, batch_keys
@@ -106,6 +116,9 @@ class KVStoreClient:
         self._stream_required = use_stream is True
         self._stream = StreamChannel(address.rpartition(":")[0], self._open_stream, max_block_bytes)
         self._stream.enabled = use_stream is not False
+        self._arena_use = use_arena
+        self._arena: ArenaMap | None = None
+        self._leases = transfer.LeaseReleaser(self._stub)
 
     # -- plumbing ------------------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:
@@ -127,7 +140,28 @@ class KVStoreClient:
         resp = self._stub.AttachShm(req, timeout=self.deadline_s)
         if not resp.ok and self._shm_required:
             raise KVStoreError(f"shared memory refused by the daemon: {resp.reason}")
+        if resp.ok and self._arena_use is not False:
+            self._map_arena(resp.arena if resp.HasField("arena") else None)
         return resp.session if resp.ok else None
+
+    def _map_arena(self, info: pb.ArenaInfo | None) -> None:
+        """Map the arena the daemon described (once per arena; a restarted daemon has a new one)."""
+        if info is not None and self._arena is not None and self._arena.token == info.token:
+            return
+        old, self._arena = self._arena, None
+        if old is not None:
+            old.close()
+        if info is None:
+            if self._arena_use:
+                raise KVStoreError("the daemon offers no arena to read in place")
+            return
+        try:
+            self._arena = ArenaMap(info.pid, info.fd, info.size, info.token)
+        except (OSError, ValueError) as e:  # another PID namespace or user: the daemon copies instead
+            if self._arena_use:
+                raise KVStoreError(f"cannot map the daemon's arena: {e}") from None
+            log.debug("reading without the daemon's arena (%s)", e)
+
 
     def _detach(self, session: str) -> None:
         """Ask the daemon to drop a session, without waiting (it may still be busy with it)."""
@@ -169,11 +203,18 @@ class KVStoreClient:
         """Whether bulk bytes currently go through shared memory (known after the first call)."""
         return self._shm.active
 
+    @property
+    def arena_active(self) -> bool:
+        """Whether reads of cpu-tier blocks are answered in place (known after the first call)."""
+        return self._arena is not None and self._shm.enabled
+
     # -- API -----------------------------------------------------------------------------
-    def lookup(self, keys: Sequence[bytes], read: bool = True) -> LookupResult:
-        """``read=False``: a writer checking what is held (the daemon does not count it as a read)."""
+    def lookup(self, keys: Sequence[bytes], read: bool = True, deadline_s: float | None = None) -> LookupResult:
+        """``read=False``: a writer checking what is held (the daemon does not count it as a read).
+        ``deadline_s``: this call's deadline (default: the client's)."""
         req = pb.LookupRequest(keys=list(keys), write_check=not read)
-        resp = self._call(lambda: self._stub.Lookup(req, timeout=self.deadline_s))
+        timeout = self.deadline_s if deadline_s is None else deadline_s
+        resp = self._call(lambda: self._stub.Lookup(req, timeout=timeout))
         return LookupResult(resp.prefix_len, [t or None for t in resp.tiers], [t or None for t in resp.evicted_from])
 
     def delete(self, key: bytes | Sequence[bytes]) -> bool | int:
@@ -266,31 +307,46 @@ class KVStoreClient:
     def read_many(self, keys: Sequence[bytes], sink: Callable[[int, memoryview], None]) -> list[bool]:
         """Zero-copy read: ``sink(i, view)`` for each block found, while ``view`` is valid.
 
-        On the shared-memory path ``view`` points into the segment the daemon wrote, so a
-        connector copies each block once, straight into its KV pool pages. The view must not be
-        kept after ``sink`` returns. Returns, per key, whether it was found.
+        On the shared-memory path ``view`` points into the daemon's cpu arena (read-only) or the
+        segment the daemon wrote, so a connector copies each block once, straight into its KV
+        pool pages. The view must not be kept after ``sink`` returns. Returns, per key, whether
+        it was found.
         """
+        return self.read_batches(keys, transfer.per_block(sink))
+
+    def read_batches(self, keys: Sequence[bytes], consume: transfer.BatchSink,
+                     deadline_s: float | None = None) -> list[bool]:  # fmt: skip
+        """``read_many`` a round at a time: ``consume([(i, view), ...])`` with every block one
+        answer brought (all of them, for blocks the daemon serves in place), views valid only
+        during the call. ``deadline_s``: each call's deadline (default: the client's)."""
+        timeout = self.deadline_s if deadline_s is None else deadline_s
         found = [False] * len(keys)
         for start in range(0, len(keys), self.batch_keys):
             chunk = list(keys[start : start + self.batch_keys])
 
-            def sink_at(i: int, mv: memoryview, base: int = start) -> None:
-                found[base + i] = True
-                sink(base + i, mv)
+            def at(items: list[tuple[int, memoryview]], base: int = start) -> None:
+                shifted = [(base + i, mv) for i, mv in items]
+                for i, _ in shifted:
+                    found[i] = True
+                consume(shifted)
 
-            self._call(lambda c=chunk, s=sink_at: self._with_shm(lambda h: self._read_batch(c, h, s)))
+            self._call(lambda c=chunk, s=at: self._with_shm(lambda h: self._read_batch(c, h, s, timeout)))
         return found
 
     def get_blocks(self, keys: Sequence[bytes], verify: bool = True) -> list[Block | None]:
         """Decoded blocks; raises ChecksumError if a block was corrupted at rest or in transit."""
         return [None if b is None else decode_block(b, verify=verify) for b in self.get_many(keys)]
 
-    def _read_batch(self, keys: list[bytes], handle: Handle | None, sink: transfer.Sink) -> None:
+    def _read_batch(self, keys: list[bytes], handle: Handle | None, consume: transfer.BatchSink,
+                    timeout: float) -> None:  # fmt: skip
         if handle is None:
-            if not self._stream.get(keys, sink, self.deadline_s):
-                transfer.get_streamed(self._stub, keys, sink, self.deadline_s)
-        else:
-            transfer.get_shm(self._stub, keys, handle, sink, self.deadline_s)
+            sink: transfer.Sink = lambda i, mv: consume([(i, mv)])  # noqa: E731
+            if not self._stream.get(keys, sink, timeout):
+                transfer.get_streamed(self._stub, keys, sink, timeout)
+            return
+        arena = self._arena if self._arena_use is not False else None
+        transfer.get_shm(self._stub, keys, handle, consume, timeout, arena=arena,
+                         release=lambda lease: self._leases.release(handle[1], lease))
 
     def _read_owned(self, keys: list[bytes], keep: transfer.Sink) -> None:
         """Without shared memory: ``keep(i, view)`` with a view over a buffer made for block i
@@ -314,8 +370,8 @@ class KVStoreClient:
             return memoryview(lease[off : off + n])
 
         try:
-            left = _typed(lambda: transfer.get_shm(self._stub, keys, handle, keep, self.deadline_s, view=view,
-                                                   keep=True))  # fmt: skip
+            left = _typed(lambda: transfer.get_shm(self._stub, keys, handle, transfer.per_block(keep),
+                                                   self.deadline_s, view=view, keep=True))  # fmt: skip
         except BaseException as e:  # never reused: the daemon may still be writing into it
             done.detach()
             self._shm.abandon(handle, leased=True, stale=isinstance(e, ShmSessionLost))
@@ -338,6 +394,7 @@ class KVStoreClient:
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
 
     def close(self) -> None:
+        self._leases.close()
         self._stream.close()
         for seg, session in self._shm.close():
             try:
@@ -345,7 +402,9 @@ class KVStoreClient:
             except grpc.RpcError:
                 pass
             seg.close()
-        for fut in list(self._detaching):  # abandoned segments: let the daemon hear about them
+        if self._arena is not None:
+            self._arena.close()
+        for fut in list(self._detaching):  # abandoned segments, leases: let the daemon hear about them
             try:
                 fut.result(timeout=1.0)
             except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):

@@ -100,6 +100,7 @@ class StoreConfig:
     chunk_bytes: int = 4 * 1024**2  # streamed chunks (must fit in a message)
     workers: int = 8
     shm: bool = True  # allow the same-host shared-memory fast path
+    shm_arena: bool = True  # ... and let clients map the cpu tier read-only: its Gets then copy nothing here
     grace_s: float = 30.0  # SIGTERM: time to finish in-flight calls and spills
     shm_max_bytes: int = 4 * 1024**3  # shared memory all clients' segments may map; past it clients stream
     stream: bool = True  # serve Gets without shared memory on a raw TCP side channel (kvstore/stream_server.py)

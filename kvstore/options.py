@@ -82,6 +82,8 @@ OPTIONS: tuple[Option, ...] = (
     _scalar("--no-promote", "promote_on_hit", "do not promote blocks to faster tiers on a hit", "promote",
             switch=False),
     _scalar("--no-shm", "shm", "disable the shared-memory path", "enabled", switch=False),
+    _scalar("--no-shm-arena", "shm_arena", "do not let same-host clients map the cpu tier read-only (the daemon "
+            "then copies each Get into the client's segment)", "enabled", switch=False),
     _scalar("--no-stream", "stream", "disable the raw TCP Get channel", "enabled", switch=False),
     _scalar("--stream-port", "stream_port", "port of the raw TCP Get channel", "0 = any free port"),
     _scalar("--token-file", "token_file", "file holding the bearer token clients must send, created 0600 when "

@@ -6,11 +6,18 @@ declares every block (key, size, optional dtype/shape), chunks or shared-memory 
 the bytes, and only a commit stores anything — after *every* block in the batch has been
 checked (complete, decodable, checksum, key, dtype/shape). A bad block fails the whole call
 with a clear status and nothing stored.
+
+A shared-memory Get from a client that mapped the cpu tier's arena (AttachShm told it how) is
+answered in place: for a block in that arena the answer is its offset there, and the view that
+pins it goes into a lease of the session until the client releases it (kvstore/shm_sessions.py).
+The daemon copies nothing; the client copies each block out and verifies its copy. Blocks from
+anywhere else (lower tiers, the spill queue, heap copies) are copied into the segment as before.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -25,6 +32,7 @@ from kvstore.stream_server import MAX_KEYS, StreamServer
 from kvstore.tiered_store import TieredStore
 from kvstore.trace import TraceControl, TraceError
 from kvstore.transfer import align
+from tiers.cpu import CpuTier
 from tiers.errors import BlockTooLarge
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions,
                  streams: StreamServer | None = None) -> None:  # fmt: skip
         self.store, self.cfg, self.sessions, self.streams = store, config, sessions, streams
+        top = store.levels[0].tier
+        share = top.share() if isinstance(top, CpuTier) and config.shm and config.shm_arena else None
+        self.arena: CpuTier | None = top if share is not None else None  # Gets answered in place
+        self._arena_info = pb.ArenaInfo(pid=os.getpid(), fd=share.fd, size=share.size, token=share.token) \
+            if share is not None else None
         self.trace = TraceControl(store, default_cache_dir() / "traces")
         self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
@@ -98,11 +111,15 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             sid = self.sessions.attach(request.name, request.size, request.token, request.pid)
         except (OSError, ValueError, ResourceExhausted) as e:  # another host, not its segment, or full
             return pb.AttachShmResponse(ok=False, reason=str(e))
-        return pb.AttachShmResponse(ok=True, session=sid)
+        return pb.AttachShmResponse(ok=True, session=sid, arena=self._arena_info)
 
     def DetachShm(self, request: pb.DetachShmRequest, context: grpc.ServicerContext) -> pb.DetachShmResponse:
         self.sessions.detach(request.session)
         return pb.DetachShmResponse()
+
+    def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.ServicerContext) -> pb.ReleaseLeaseResponse:
+        self.sessions.release(request.session, request.leases)
+        return pb.ReleaseLeaseResponse()
 
     def OpenStream(self, request: pb.OpenStreamRequest, context: grpc.ServicerContext) -> pb.OpenStreamResponse:
         if self.streams is None:
@@ -241,18 +258,33 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             for off in range(0, max(len(data), 1), step):
                 yield pb.GetResponse(index=i, found=True, total=len(data), offset=off, data=data[off : off + step])
 
+    def GetShm(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
+        def go() -> pb.GetResponse:
+            keys = list(request.keys)
+            _check_keys(keys)
+            if not request.shm_session:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "GetShm needs a shared-memory session")
+            return self._get_shm(request, keys, context)
+
+        return self._run(context, go)
+
     def _get_shm(self, request: pb.GetRequest, keys: list[bytes], context: grpc.ServicerContext) -> pb.GetResponse:
         with self.sessions.use(request.shm_session) as sess:
             try:
                 sess.seg.check_range(request.shm_offset, request.shm_length)
             except ValueError as e:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-            return pb.GetResponse(shm=self._write_blocks(sess, keys, request.shm_offset,
-                                                         request.shm_offset + request.shm_length, context))
+            pins: list[memoryview] = []
+            blocks = self._write_blocks(sess, keys, request.shm_offset, request.shm_offset + request.shm_length,
+                                        context, self.arena if request.arena else None, pins)
+            if pins and not context.is_active():  # the client gave up: nobody reads these in place
+                raise _Abort(grpc.StatusCode.CANCELLED, "the client gave up on this call")
+            return pb.GetResponse(shm=blocks, lease=self.sessions.lease(sess, pins) if pins else 0)
 
-    def _write_blocks(self, sess: Session, keys: list[bytes], pos: int, end: int,
-                      context: grpc.ServicerContext) -> list[pb.ShmBlock]:  # fmt: skip
+    def _write_blocks(self, sess: Session, keys: list[bytes], pos: int, end: int, context: grpc.ServicerContext,
+                      arena: CpuTier | None, pins: list[memoryview]) -> list[pb.ShmBlock]:  # fmt: skip
         """Copy each block into [pos, end) of the segment; a block that does not fit is deferred.
+        With ``arena``, a block in it is answered in place instead, its view kept in ``pins``.
 
         Before each write: a client that gave up (deadline, cancel) no longer reads this segment
         and a dropped session must not be written to, so the call stops there."""
@@ -263,6 +295,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             def sink(mv: memoryview, i: int = i) -> pb.ShmBlock:
                 nonlocal pos
                 n = mv.nbytes
+                at = arena.arena_offset(mv) if arena is not None else None
+                if at is not None:  # the view pins these bytes while the lease keeps it
+                    pins.append(mv)
+                    return pb.ShmBlock(index=i, found=True, offset=at, length=n, arena=True)
                 if pos + n > end:
                     return pb.ShmBlock(index=i, found=True, deferred=True, length=n)
                 if not context.is_active():

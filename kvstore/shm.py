@@ -13,8 +13,14 @@ nothing is left in /dev/shm if either process dies; the mapping lives until both
 Plain files + mmap rather than multiprocessing.shared_memory: the latter registers segments with
 a resource tracker that unlinks (and warns about) segments the daemon merely opened.
 
-This module is the segment and the client's pool of them; the daemon's side (bounds, reclaiming
-a dead client's segments) is ``kvstore.shm_sessions``.
+Zero-copy Gets: the daemon's cpu tier keeps its blocks in a memfd (tiers/cpu.py). AttachShm tells
+a client how to open it (/proc/<daemon pid>/fd/<fd>, checked by a token at its start), and the
+client maps it read-only (``ArenaMap``): a Get of a block held there is answered with its offset
+in the arena, pinned by a lease until the client has copied it out. The client can never write
+there, and it verifies every block it copies (copy first, verify the copy).
+
+This module is the segment, the client's pool of them and the client's view of the arena; the
+daemon's side (bounds, reclaiming a dead client's segments, leases) is ``kvstore.shm_sessions``.
 """
 
 from __future__ import annotations
@@ -101,6 +107,40 @@ class ShmSegment:
             self._mmap.close()
         except (BufferError, ValueError):
             pass  # a view is still exported somewhere; the mapping goes when it is dropped
+
+
+class ArenaMap:
+    """Client side: the daemon's cpu-tier arena, mapped read-only (see the module notes)."""
+
+    def __init__(self, pid: int, fd: int, size: int, token: bytes) -> None:
+        """Raises OSError/ValueError when the file cannot be opened (another host, another PID
+        namespace, another user) or is not the daemon's arena (token)."""
+        if len(token) != TOKEN_BYTES or size <= HEADER_BYTES:
+            raise ValueError("bad arena description")
+        fd_here = os.open(f"/proc/{int(pid)}/fd/{int(fd)}", os.O_RDONLY)
+        try:
+            if os.fstat(fd_here).st_size != size:
+                raise ValueError(f"arena file is not {size} bytes")
+            self._mmap = mmap.mmap(fd_here, size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd_here)
+        self.size, self.token = size, token
+        self.buf = memoryview(self._mmap)
+        if not secrets.compare_digest(bytes(self.buf[:TOKEN_BYTES]), token):
+            self.close()
+            raise ValueError("token mismatch: not the daemon's arena")
+
+    def view(self, offset: int, length: int) -> memoryview:
+        if offset < HEADER_BYTES or length < 0 or offset + length > self.size:
+            raise ValueError(f"arena range {offset}+{length} outside {self.size} bytes")
+        return self.buf[offset : offset + length]
+
+    def close(self) -> None:
+        try:
+            self.buf.release()
+            self._mmap.close()
+        except (BufferError, ValueError):
+            pass  # a view is still alive: the mapping goes when it is dropped
 
 
 Handle = tuple[ShmSegment, str]  # (segment, daemon session id)

@@ -7,16 +7,24 @@ process is gone (their pid, with its start time so that a reused pid does not co
 A call that is using a dropped session keeps its mapping until it returns, and sees the session
 ``lost`` before each write, so it fails with ShmSessionLost (the client attaches again and
 retries) instead of writing into memory nobody reads or crashing on an unmapped buffer.
+
+Leases: a Get answered in place from the cpu tier's shared arena (no copy into the segment)
+hands the client offsets into daemon memory; the views of those blocks are kept in a lease of
+the session until the client releases it (after copying), the lease expires (``lease_s``), the
+session holds more than ``max_leases``, or the session is dropped. While a view is kept the cpu
+tier never reuses its bytes, so an eviction or overwrite cannot change them under the reader.
+(The client verifies what it copied anyway: a lease that ended early costs a miss, never bad KV.)
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvstore.errors import ResourceExhausted, ShmSessionLost
@@ -37,6 +45,9 @@ class Session:
     started: int  # that pid's start time, so a reused pid does not keep a dead client alive
     users: int = 0
     lost: bool = False
+    # lease id -> (expiry on the monotonic clock, the pinning views), oldest first
+    leases: OrderedDict[int, tuple[float, list[memoryview]]] = field(default_factory=OrderedDict)
+    next_lease: int = 1
 
     def check(self) -> None:
         """Raise ShmSessionLost if the session was dropped while a call was using it."""
@@ -65,11 +76,13 @@ class ShmSessions:
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_sessions: int = 64,
-                 reap_interval_s: float = 2.0) -> None:  # fmt: skip
-        if max_bytes <= HEADER_BYTES or max_sessions < 1 or reap_interval_s <= 0:
+                 reap_interval_s: float = 2.0, lease_s: float = 30.0, max_leases: int = 16) -> None:  # fmt: skip
+        if max_bytes <= HEADER_BYTES or max_sessions < 1 or reap_interval_s <= 0 or lease_s <= 0 or max_leases < 1:
             raise ConfigError(f"shared-memory bound of {max_bytes} bytes, {max_sessions} sessions, "
-                              f"reap every {reap_interval_s} s: each must be positive")
+                              f"reap every {reap_interval_s} s, leases of {lease_s} s, {max_leases} leases "
+                              "a session: each must be positive")
         self.max_bytes, self._max, self._interval = max_bytes, max_sessions, reap_interval_s
+        self.lease_s, self.max_leases = lease_s, max_leases
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._mapped = 0  # bytes of every session not yet unmapped, dropped ones in use included
         self._lock = threading.Lock()
@@ -125,6 +138,29 @@ class ShmSessions:
             if unmap:
                 self._unmap(sess)
 
+    def lease(self, sess: Session, views: list[memoryview]) -> int:
+        """Keep ``views`` (pinning their bytes) for the client until ``release``; the lease id.
+        Raises ShmSessionLost if the session was dropped meanwhile (nothing is then kept)."""
+        with self._lock:
+            sess.check()
+            lease_id = sess.next_lease
+            sess.next_lease += 1
+            sess.leases[lease_id] = (time.monotonic() + self.lease_s, views)
+            while len(sess.leases) > self.max_leases:  # the oldest: its reader is surely done
+                sess.leases.popitem(last=False)
+        return lease_id
+
+    def release(self, sid: str, leases: Iterable[int]) -> int:
+        """End leases of a session (unknown ones are ignored); how many ended."""
+        with self._lock:
+            sess = self._sessions.get(sid)
+            return 0 if sess is None else sum(sess.leases.pop(int(i), None) is not None for i in leases)
+
+    def leased(self) -> int:
+        """Leases held right now, over every session."""
+        with self._lock:
+            return sum(len(s.leases) for s in self._sessions.values())
+
     def detach(self, sid: str) -> None:
         with self._lock:
             sess = self._sessions.pop(sid, None)
@@ -135,8 +171,12 @@ class ShmSessions:
         with self._lock:
             watched = [(sid, s) for sid, s in self._sessions.items() if s.pid > 0]
         dead = [sid for sid, s in watched if _start_time(s.pid) != s.started]
+        now = time.monotonic()
         with self._lock:
             gone = [self._sessions.pop(sid) for sid in dead if sid in self._sessions]
+            for s in self._sessions.values():  # leases past their time
+                for lease_id in [i for i, (until, _) in s.leases.items() if until <= now]:
+                    del s.leases[lease_id]
         self._drop(gone)
         return len(gone)
 
@@ -163,6 +203,7 @@ class ShmSessions:
         with self._lock:
             for s in sessions:
                 s.lost = True
+                s.leases.clear()
                 if s.users == 0:
                     idle.append(s)
         for s in idle:

@@ -85,7 +85,8 @@ class _KillAfter(Loader):
     """A loader that SIGKILLs the daemon after ``n`` one-page chunks have been fetched."""
 
     def __init__(self, base: Loader, daemon, n: int) -> None:
-        super().__init__(base.client, base.pool, base.pool.bytes_per_page)  # one page per chunk
+        super().__init__(base.client, base.pool, base.pool.bytes_per_page,  # one page per chunk
+                         in_place_chunk_bytes=base.pool.bytes_per_page)
         self.daemon, self.n, self.chunks = daemon, n, 0
 
     def _throttle(self, n_blocks: int, left: float) -> None:

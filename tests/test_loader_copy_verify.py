@@ -4,6 +4,8 @@ write) therefore can never put unverified KV into the pool. Runs against a real 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 import torch
@@ -25,12 +27,15 @@ class LateWriterCopier(_PageCopier):
 
     late_page = -1
 
-    def copy(self, page: int, header: BlockHeader, payload: memoryview) -> None:
-        if page == self.late_page:
-            changed = bytearray(payload)
-            changed[0] ^= 0x01
-            payload = memoryview(changed)
-        super().copy(page, header, payload)
+    def copy_many(self, pages: Sequence[int], headers: Sequence[BlockHeader], payloads: Sequence[memoryview],
+                  budget_s: float) -> list[bool | None]:
+        payloads = list(payloads)
+        for j, page in enumerate(pages):
+            if page == self.late_page:
+                changed = bytearray(payloads[j])
+                changed[0] ^= 0x01
+                payloads[j] = memoryview(changed)
+        return super().copy_many(pages, headers, payloads, budget_s)
 
 
 def _blocks(pool: KVPool) -> tuple[list[BlockKey], list[np.ndarray], list[tuple[bytes, bytes]]]:
@@ -48,16 +53,19 @@ def _page(pool: KVPool, page: int) -> np.ndarray:
     return pool.read_pages([page])[0].numpy()
 
 
-@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "stream"])
-def test_load_copies_then_verifies(tiny, use_shm: bool) -> None:
+@pytest.mark.parametrize(("use_shm", "use_arena"), [(True, True), (True, False), (False, False)],
+                         ids=["shm-in-place", "shm-copied", "stream"])
+def test_load_copies_then_verifies(tiny, use_shm: bool, use_arena: bool) -> None:
     pool = _pool(tiny)
     keys, arrays, items = _blocks(pool)
     pages = [1, 2, 3, 4]
-    with inprocess_daemon() as d, KVStoreClient(d.address, use_shm=use_shm, retry=Retry(attempts=1)) as c:
+    with inprocess_daemon() as d, KVStoreClient(d.address, use_shm=use_shm, retry=Retry(attempts=1),
+                                                use_arena=use_arena) as c:
         c.put_many(items)
         loader = Loader(c, pool, chunk_bytes=64 * pool.bytes_per_page)
         copier = loader._copier = LateWriterCopier(pool)
         res = loader.load(keys, pages, deadline_s=WAIT_S)
+        assert c.arena_active == use_arena
         assert (res.pages_ok, res.failure) == (PAGES, "")
         for p, a in zip(pages, arrays, strict=True):
             assert np.array_equal(_page(pool, p), a)
@@ -97,3 +105,30 @@ def test_load_deadline_is_typed(tiny) -> None:
         finally:
             gate.release.set()
         assert (res.pages_ok, res.failure) == (0, "deadline")
+
+
+class BudgetCopier(_PageCopier):
+    """A copier whose time budget runs out after ``reached`` blocks (as a slow copy would)."""
+
+    reached = 2
+
+    def copy_many(self, pages: Sequence[int], headers: Sequence[BlockHeader], payloads: Sequence[memoryview],
+                  budget_s: float) -> list[bool | None]:
+        done = super().copy_many(pages[: self.reached], headers[: self.reached], payloads[: self.reached], budget_s)
+        return done + [None] * (len(pages) - len(done))
+
+
+@pytest.mark.parametrize("use_arena", [True, False], ids=["in-place", "copied"])
+def test_blocks_the_copy_did_not_reach_are_a_deadline(tiny, use_arena: bool) -> None:
+    """Blocks that arrived but were not copied in the time left end the prefix as a deadline
+    (the daemon answered: it is not marked down), and only the copied pages count."""
+    pool = _pool(tiny)
+    keys, arrays, items = _blocks(pool)
+    with inprocess_daemon() as d, KVStoreClient(d.address, use_arena=use_arena, retry=Retry(attempts=1)) as c:
+        c.put_many(items)
+        loader = Loader(c, pool, chunk_bytes=64 * pool.bytes_per_page)
+        loader._copier = BudgetCopier(pool)
+        res = loader.load(keys, [4, 3, 2, 1], deadline_s=WAIT_S)
+        assert (res.pages_ok, res.failure) == (2, "deadline")
+        for p, a in zip([4, 3], arrays[:2], strict=True):
+            assert np.array_equal(_page(pool, p), a)

@@ -15,7 +15,8 @@ def test_run_reports_every_op_against_memcpy() -> None:
     if native.status().impl != "native":
         pytest.skip(native.status().reason)
     res = kernels.run(pages=3, reps=1)
-    assert set(res["ops"]) == {"unpack_verify", "pack_checksum"}
+    assert set(res["ops"]) == {"unpack_verify", "pack_checksum", "unpack_verify_batch", "pack_checksum_batch",
+                               "rope_rerotate"}
     for op in res["ops"].values():
         assert op["native_gbps"] > 0 and op["fallback_gbps"] > 0
     assert res["memcpy_gbps"] > 0 and res["pass_bytes"] == 3 * kernels.LAYERS * 2 * kernels.SEG

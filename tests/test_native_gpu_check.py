@@ -45,3 +45,16 @@ def test_gpu_check_dry_run(dry_run: tuple[int, str, Path]) -> None:
     # the cost model's call, and bench.e2e.headline (main since the a-state merge) offloads pages it
     # matched before attaching, which the attach-time probe evicts and reuses (see the report).
     assert isinstance(ttft["fidelity_identical"], bool)
+
+
+def test_gpu_check_stops_at_its_time_budget(tmp_path: Path) -> None:
+    """Every step runs under what is left of one budget (460 s by default: the check must end
+    within 8 minutes); past it, a step is recorded as out of budget and the check fails."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": sys.executable, "WHEELS": str(tmp_path / "none"),
+           "TIERKV_GPU_CHECK_BUDGET_S": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    steps = json.loads((tmp_path / "out" / "gpu_check.json").read_text())["steps"]
+    ran = [s for s in steps if s["step"] in ("gpu_tests", "native_tests", "gpu_load")]
+    assert [s["note"] for s in ran] == ["out-of-budget"] * 3

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 
-from connector import native
+from connector import native, native_lib
 from kvstore.block import encode_block, read_header
 from kvstore.errors import ChecksumError
 
@@ -152,8 +152,8 @@ def test_status_is_reported(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_without_the_extension_the_fallback_runs_and_says_why(monkeypatch: pytest.MonkeyPatch,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(native, "_library_path", lambda: None)
-    native._load.cache_clear()
+    monkeypatch.setattr(native_lib, "_library_path", lambda: None)
+    native_lib.load.cache_clear()
     try:
         st = native.log_status()
         assert st == native.NativeStatus("fallback", "extension not built (no C compiler at install time?)")
@@ -165,7 +165,7 @@ def test_without_the_extension_the_fallback_runs_and_says_why(monkeypatch: pytes
         with pytest.raises(RuntimeError, match="unavailable"):
             _unpack(pool, blk, pages, use_native=True)
     finally:
-        native._load.cache_clear()
+        native_lib.load.cache_clear()
 
 
 @pytest.mark.parametrize("use_native", [True, False], ids=["native", "fallback"])

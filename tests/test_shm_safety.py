@@ -84,9 +84,11 @@ class InProcessDaemon:
 
 
 @contextmanager
-def inprocess_daemon(sessions: ShmSessions | None = None, workers: int = 8) -> Iterator[InProcessDaemon]:
-    cfg = StoreConfig(tiers=(TierConfig("cpu", 64 * 1024**2),), listen="127.0.0.1:0", workers=workers)
-    store = WrappedStore(TieredStore([(CpuTier(64 * 1024**2), LevelOptions())]))
+def inprocess_daemon(sessions: ShmSessions | None = None, workers: int = 8, cpu_bytes: int = 64 * 1024**2,
+                     lower: list | None = None) -> Iterator[InProcessDaemon]:  # fmt: skip
+    """``lower``: (tier, LevelOptions) pairs below the cpu tier."""
+    cfg = StoreConfig(tiers=(TierConfig("cpu", cpu_bytes),), listen="127.0.0.1:0", workers=workers)
+    store = WrappedStore(TieredStore([(CpuTier(cpu_bytes), LevelOptions()), *(lower or [])]))
     sessions = ShmSessions() if sessions is None else sessions
     server = grpc.server(ThreadPoolExecutor(max_workers=workers), options=grpc_options(cfg))
     servicer = SpyServicer(store, cfg, sessions)  # type: ignore[arg-type]
@@ -132,12 +134,17 @@ class Gate:
         return read
 
 
-def test_late_write_never_reaches_the_next_call() -> None:
+PATHS = pytest.mark.parametrize("use_arena", [False, True], ids=["copied", "in-place"])
+
+
+@PATHS
+def test_late_write_never_reaches_the_next_call(use_arena: bool) -> None:
     """A get times out while the daemon still holds its block; the next get on the same client
     must return its own bytes, even when the late handler is released in the middle of it.
-    The race is forced (not hoped for) in each of 50 rounds."""
+    The race is forced (not hoped for) in each of 50 rounds, on both paths: the daemon copying
+    into the segment, and the daemon answering in place from its arena."""
     with inprocess_daemon() as d:
-        c = KVStoreClient(d.address, deadline_s=WAIT_S, retry=Retry(attempts=1), use_shm=True)
+        c = KVStoreClient(d.address, deadline_s=WAIT_S, retry=Retry(attempts=1), use_shm=True, use_arena=use_arena)
         try:
             for r in range(50):
                 slow, fast = block(f"slow-{r}", 1.0 + r), block(f"fast-{r}", -1.0 - r)
@@ -159,6 +166,7 @@ def test_late_write_never_reaches_the_next_call() -> None:
 
                 assert c.read_many([fast[0]], sink) == [True]
                 assert got == [fast[1]], f"round {r}: the next call's bytes were overwritten"
+                assert c.arena_active == use_arena
                 del d.store.read
         finally:
             c.close()
@@ -192,12 +200,13 @@ def test_timed_out_segment_is_abandoned_not_reused() -> None:
             c.close()
 
 
-def test_daemon_writes_nothing_for_a_client_that_gave_up() -> None:
+@PATHS
+def test_daemon_writes_nothing_for_a_client_that_gave_up(use_arena: bool) -> None:
     """The daemon side alone: a raw call (no client-side abandon) times out while its read is
     held; released once the daemon has seen the call end, the handler must not write into the
-    segment."""
+    segment, nor keep a lease (pinned blocks) for it."""
     with inprocess_daemon() as d:
-        c = KVStoreClient(d.address, deadline_s=WAIT_S, use_shm=True)
+        c = KVStoreClient(d.address, deadline_s=WAIT_S, use_shm=True, use_arena=use_arena)
         try:
             slow = block("slow", 7.0)
             c.put_many([slow])
@@ -207,7 +216,7 @@ def test_daemon_writes_nothing_for_a_client_that_gave_up() -> None:
             d.store.on_read = gate
             d.store.read = gate.read(d.store)  # type: ignore[method-assign]
             req = pb.GetRequest(keys=[slow[0]], shm_session=sid, shm_offset=HEADER_BYTES,
-                                shm_length=seg.size - HEADER_BYTES)  # fmt: skip
+                                shm_length=seg.size - HEADER_BYTES, arena=use_arena)  # fmt: skip
             with pytest.raises(grpc.RpcError) as ei:
                 list(c._stub.Get(req, timeout=0.3))
             assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -223,6 +232,7 @@ def test_daemon_writes_nothing_for_a_client_that_gave_up() -> None:
             assert gate.done.wait(WAIT_S)
             written = np.frombuffer(seg.buf[HEADER_BYTES : HEADER_BYTES + len(slow[1])], dtype=np.uint8)
             assert int(np.count_nonzero(written)) == 0, "the daemon wrote into a segment its client gave up on"
+            assert d.sessions.leased() == 0, "the daemon pinned blocks for a client that gave up"
         finally:
             c.close()
 

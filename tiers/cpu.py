@@ -11,17 +11,27 @@ happens; it costs ~1 us per get, against ~60 us to copy a 1 MB block.
 While bytes are held like that, a put that finds no free arena run falls back to a heap copy
 (counted against the capacity like any other block), so callers never see a spurious "full";
 the tier still refuses to hold more than its capacity in blocks.
+
+Shared arena (Linux, unless pinned): the arena is a memfd, so a client process on this host can
+map it read-only (``share()``: the fd, size and a random token at its start; the daemon
+publishes them, kvstore/shm.py ArenaMap maps them) and copy a block straight out of it: a Get
+then costs the daemon no copy at all. ``arena_offset(view)`` says where a view handed out by
+``get`` lies in that file; keeping the view is what pins those bytes for the reader (the
+daemon's lease, kvstore/shm_sessions.py).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+import secrets
 import sys
 import threading
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,12 +62,44 @@ def _want_pinned() -> bool:
         return False
 
 
+ARENA_HEADER = 4096  # start of a shared arena's file: its token; blocks start after it
+TOKEN_BYTES = 16
+
+
+class ArenaShare(NamedTuple):
+    """What a client on this host needs to map the arena read-only: open /proc/<pid>/fd/<fd>,
+    check that the file starts with ``token``; block offsets count from the file's start."""
+
+    fd: int
+    size: int
+    token: bytes
+
+
 def _allocate_arena(nbytes: int, pinned: bool) -> np.ndarray:
     if pinned:
         import torch
 
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
     return np.empty(nbytes, dtype=np.uint8)
+
+
+def _shared_arena(nbytes: int) -> tuple[np.ndarray, ArenaShare] | None:
+    """An arena in a memfd (None where there is no memfd_create, or it fails)."""
+    if not nbytes or not hasattr(os, "memfd_create"):
+        return None
+    try:
+        fd = os.memfd_create("tierkv-cpu-arena", os.MFD_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, ARENA_HEADER + nbytes)
+        mem = mmap.mmap(fd, ARENA_HEADER + nbytes)
+    except OSError:
+        os.close(fd)
+        return None
+    token = secrets.token_bytes(TOKEN_BYTES)
+    mem[:TOKEN_BYTES] = token
+    return np.frombuffer(mem, np.uint8, count=nbytes, offset=ARENA_HEADER), ArenaShare(fd, ARENA_HEADER + nbytes, token)
 
 
 class _Allocator:
@@ -114,10 +156,18 @@ class CpuTier(Tier):
     name = "cpu"
     persistent = False
 
-    def __init__(self, capacity_bytes: int, *, pinned: bool | None = None) -> None:
+    def __init__(self, capacity_bytes: int, *, pinned: bool | None = None, shared: bool | None = None) -> None:
+        """``shared``: arena in a memfd other processes may map (None: when not pinned and possible)."""
         super().__init__(capacity_bytes)
         self.pinned = _want_pinned() if pinned is None else pinned
-        self._arena: np.ndarray | None = _allocate_arena(self.capacity_bytes, self.pinned)
+        made = None if self.pinned or shared is False else _shared_arena(self.capacity_bytes)
+        if shared and made is None:
+            raise TierError(self.name, "cannot make a shared arena (no memfd_create, or it failed)")
+        self._share: ArenaShare | None = made[1] if made else None
+        # the memfd's pages live as long as its fd: closed by close(), or when the tier is collected
+        self._close_fd = weakref.finalize(self, os.close, made[1].fd) if made else None
+        self._arena: np.ndarray | None = made[0] if made else _allocate_arena(self.capacity_bytes, self.pinned)
+        self._base = self._arena.ctypes.data
         self._alloc = _Allocator(self.capacity_bytes)
         self._blocks: dict[bytes, _Block] = {}
         self._used = 0
@@ -225,9 +275,28 @@ class CpuTier(Tier):
             items = [(k, b.size) for k, b in self._blocks.items()]
         yield from items
 
+    # -- shared arena ---------------------------------------------------------
+    def share(self) -> ArenaShare | None:
+        """How to map the arena from another process on this host (None: not shared, or closed)."""
+        return self._share
+
+    def arena_offset(self, view: memoryview) -> int | None:
+        """Offset in the shared arena's file of the bytes ``view`` (from ``get``) shows, or None
+        when they are not in it (a heap copy, an empty block, no shared arena)."""
+        if self._share is None or not view.nbytes:
+            return None
+        obj = view.obj  # the numpy view ``get`` made (same bytes: read its address, not a new array's)
+        arr = obj if isinstance(obj, np.ndarray) and obj.nbytes == view.nbytes else np.frombuffer(view, np.uint8)
+        off = arr.ctypes.data - self._base
+        return ARENA_HEADER + off if 0 <= off and off + view.nbytes <= self.capacity_bytes else None
+
     def close(self) -> None:
-        """Forget every block. Views handed out earlier keep the arena memory alive and valid."""
+        """Forget every block. Views handed out earlier keep the arena memory alive and valid
+        (so do clients' mappings of a shared arena: closing its fd only stops new ones)."""
         with self._lock:
             self._arena = None
             self._blocks.clear()
             self._used = 0
+            self._share = None
+        if self._close_fd is not None:
+            self._close_fd()  # once: a second close() does nothing

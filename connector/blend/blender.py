@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from connector import native_rope
 from connector.blend.chunk_cache import DOC, PREFIX, ChunkCache, ChunkStore, InProcessChunkStore
 from connector.blend.errors import InvalidBlendRequestError
 from connector.blend.metrics import BlendMetrics
@@ -164,9 +165,8 @@ class Blender:
                 K[:, p.start : p.start + c] = p.kv[:, 0, :c]
                 V[:, p.start : p.start + c] = p.kv[:, 1, :c]
         rot = self._rotation(plan, n)
-        if rot is not None:
-            R = m.rotary.rotate
-            K = R(R(K, rot[0], rot[1]), rot[2], rot[3])
+        if rot is not None:  # in place, natively where it can (connector/native_rope.py)
+            K = native_rope.rerotate(K, rot)
         return K, V
 
     @torch.inference_mode()

@@ -95,46 +95,52 @@ class PutResponse(_message.Message):
     def __init__(self, status: _Optional[_Iterable[_Union[PutStatus, str]]] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("keys", "shm_session", "shm_offset", "shm_length")
+    __slots__ = ("keys", "shm_session", "shm_offset", "shm_length", "arena")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
     SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SHM_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ARENA_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     shm_session: str
     shm_offset: int
     shm_length: int
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., shm_session: _Optional[str] = ..., shm_offset: _Optional[int] = ..., shm_length: _Optional[int] = ...) -> None: ...
+    arena: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., shm_session: _Optional[str] = ..., shm_offset: _Optional[int] = ..., shm_length: _Optional[int] = ..., arena: _Optional[bool] = ...) -> None: ...
 
 class ShmBlock(_message.Message):
-    __slots__ = ("index", "found", "deferred", "offset", "length")
+    __slots__ = ("index", "found", "deferred", "offset", "length", "arena")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     DEFERRED_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ARENA_FIELD_NUMBER: _ClassVar[int]
     index: int
     found: bool
     deferred: bool
     offset: int
     length: int
-    def __init__(self, index: _Optional[int] = ..., found: _Optional[bool] = ..., deferred: _Optional[bool] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    arena: bool
+    def __init__(self, index: _Optional[int] = ..., found: _Optional[bool] = ..., deferred: _Optional[bool] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., arena: _Optional[bool] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("index", "found", "total", "offset", "data", "shm")
+    __slots__ = ("index", "found", "total", "offset", "data", "shm", "lease")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     SHM_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     index: int
     found: bool
     total: int
     offset: int
     data: bytes
     shm: _containers.RepeatedCompositeFieldContainer[ShmBlock]
-    def __init__(self, index: _Optional[int] = ..., found: _Optional[bool] = ..., total: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., shm: _Optional[_Iterable[_Union[ShmBlock, _Mapping]]] = ...) -> None: ...
+    lease: int
+    def __init__(self, index: _Optional[int] = ..., found: _Optional[bool] = ..., total: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., shm: _Optional[_Iterable[_Union[ShmBlock, _Mapping]]] = ..., lease: _Optional[int] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("keys",)
@@ -235,14 +241,40 @@ class AttachShmRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., token: _Optional[bytes] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class AttachShmResponse(_message.Message):
-    __slots__ = ("ok", "session", "reason")
+    __slots__ = ("ok", "session", "reason", "arena")
     OK_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ARENA_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     session: str
     reason: str
-    def __init__(self, ok: _Optional[bool] = ..., session: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    arena: ArenaInfo
+    def __init__(self, ok: _Optional[bool] = ..., session: _Optional[str] = ..., reason: _Optional[str] = ..., arena: _Optional[_Union[ArenaInfo, _Mapping]] = ...) -> None: ...
+
+class ArenaInfo(_message.Message):
+    __slots__ = ("pid", "fd", "size", "token")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FD_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    fd: int
+    size: int
+    token: bytes
+    def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., size: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class ReleaseLeaseRequest(_message.Message):
+    __slots__ = ("session", "leases")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    leases: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session: _Optional[str] = ..., leases: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseLeaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class DetachShmRequest(_message.Message):
     __slots__ = ("session",)
