@@ -124,7 +124,7 @@ def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratio
     full = max(lengths) // 16 * 16
     run(eng, doc[:full], 1, salt)
     offload_prefix(b, eng, daemons.values(), doc[:full], salt)
-    real, grid, n_case = [], [], 0
+    real, grid, unreachable, n_case = [], [], [], 0
     for n in lengths:
         ids = doc[:n] + q
         for tier, address in daemons.items():
@@ -141,7 +141,12 @@ def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratio
             nbytes = pages * eng.pool.bytes_per_page
             suffix = rec.predict(len(ids) - pages * ps, pages * ps)
             lat = max(c["probe"]["latency_s"] for c in here.values())
-            want = fig.bandwidth_for(f, ref["predicted_recompute_s"], suffix, lat, nbytes)
+            try:
+                want = fig.bandwidth_for(f, ref["predicted_recompute_s"], suffix, lat, nbytes)
+            except fig.FigureError as e:  # even an instant load cannot be that cheap at this length
+                unreachable.append({"prompt_tokens": len(ids), "target_ratio": f, "why": str(e)})
+                log.warning("grid n=%d f=%.2f skipped: %s", n, f, e)
+                continue
             near = [t for t, c in here.items() if abs(c["probe"]["bytes_per_s"] / want - 1) <= _REAL_TOLERANCE]
             if near:
                 tier, throttle = near[0], 0.0
@@ -158,7 +163,7 @@ def cost_model_grid(b: Bench, daemons: dict[str, str], lengths: list[int], ratio
                      "recompute %.3f%s", n, f, tier, throttle, c["decision"], c["predicted_ratio"],
                      c["measured_load_ttft_s"], c["measured_recompute_ttft_s"], "" if c["correct"] else "  WRONG")
     out = {"grid_cases": len(grid), "ratios": list(ratios), "lengths": lengths, "reps": reps,
-           **_figures(grid)}
+           "unreachable": unreachable, **_figures(grid)}
     out["real_tiers"] = {
         "reach": {t: {str(c["prompt_tokens"]): c["predicted_ratio"] for c in real if c["tier"] == t}
                   for t in daemons},
