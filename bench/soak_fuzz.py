@@ -151,30 +151,29 @@ def fuzz_blocks(n: int, seed: int) -> Tally:
 
 
 # -- the whole run -----------------------------------------------------------------------------
-def split_cases(total: int, http: bool) -> dict[str, int]:
-    """How ``total`` cases divide between the targets (every gRPC handler gets its share)."""
+HTTP_SHARE = 0.15  # of all cases, when the HTTP API is fuzzed too
+
+
+def split_cases(total: int) -> dict[str, int]:
+    """How ``total`` daemon-side cases divide between the targets (every gRPC handler gets its share)."""
     from bench.soak_fuzz_grpc import HANDLERS
 
-    weights = {"block": 3, "stream": 2, **dict.fromkeys(HANDLERS, 1), **({"http": 3} if http else {})}
+    weights = {"block": 3, "stream": 2, **dict.fromkeys(HANDLERS, 1)}
     unit = total / sum(weights.values())
     shares = {k: max(1, int(unit * w)) for k, w in weights.items()}
     shares["block"] += max(0, total - sum(shares.values()))
     return shares
 
 
-def fuzz_all(address: str, token: str, total: int, seed: int, work: Path, http_base: str | None = None,
-             deadline_s: float = 10.0, log_path: Path | None = None) -> Tally:  # fmt: skip
-    """``total`` cases over every target; the daemon at ``address`` (and the server at ``http_base``)."""
+def fuzz_daemon_side(address: str, token: str, total: int, seed: int, work: Path, deadline_s: float = 10.0,
+                     log_path: Path | None = None) -> Tally:  # fmt: skip
+    """``total`` cases over the block decoder, every gRPC handler and the stream channel of ``address``."""
     from bench.soak_fuzz_grpc import GrpcFuzzer
 
-    shares = split_cases(total, http_base is not None)
+    shares = split_cases(total)
     tally = fuzz_blocks(shares.pop("block"), seed)
     with GrpcFuzzer(address, token, work, deadline_s, log_path) as g:
         tally.merge(g.run(shares, seed))
-    if http_base is not None:
-        from bench.soak_fuzz_http import fuzz_http
-
-        tally.merge(fuzz_http(http_base, shares["http"], seed, deadline_s))
     return tally
 
 
@@ -184,19 +183,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--address", default="", help="fuzz this daemon (default: start one)")
     ap.add_argument("--token", default="", help="its bearer token (with --address)")
-    ap.add_argument("--http", default="", help="also fuzz this `kvengine serve` base URL")
+    ap.add_argument("--http", default="", help=f"also fuzz this `kvengine serve` base URL ({round(HTTP_SHARE * 100)}%% of the cases)")
+    ap.add_argument("--only", choices=["daemon", "http"], default=None, help="fuzz one side only")
     ap.add_argument("--out", default="", help="write the tally as JSON here")
     a = ap.parse_args(argv)
+    if a.only == "http" and not a.http:
+        ap.error("--only http needs --http URL")
+    http_cases = {"http": a.fuzz_cases, "daemon": 0}.get(a.only or "", int(a.fuzz_cases * HTTP_SHARE) if a.http else 0)
     t0 = time.monotonic()
+    tally = Tally()
     with tempfile.TemporaryDirectory(prefix="tierkv-fuzz-") as tmp:
-        work = Path(tmp)
-        if a.address:
-            tally = fuzz_all(a.address, a.token, a.fuzz_cases, a.seed, work, a.http or None)
-        else:
+        work, daemon_cases = Path(tmp), a.fuzz_cases - http_cases
+        if daemon_cases and a.address:
+            tally.merge(fuzz_daemon_side(a.address, a.token, daemon_cases, a.seed, work))
+        elif daemon_cases:
             from bench.soak_fuzz_grpc import fuzz_daemon
 
             with fuzz_daemon(work) as (address, token, log):
-                tally = fuzz_all(address, token, a.fuzz_cases, a.seed, work, a.http or None, log_path=log)
+                tally.merge(fuzz_daemon_side(address, token, daemon_cases, a.seed, work, log_path=log))
+    if http_cases:
+        from bench.soak_fuzz_http import fuzz_http
+
+        tally.merge(fuzz_http(a.http, http_cases, a.seed))
     doc = {**tally.as_json(), "seed": a.seed, "wall_s": round(time.monotonic() - t0, 1)}
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=2))
