@@ -99,3 +99,16 @@ def test_an_unknown_health_service_says_so(stub: grpc.Channel) -> None:
         req = health_pb2.HealthCheckRequest(service=service).SerializeToString()
         code, details = _code(stub.unary_unary("/grpc.health.v1.Health/Check"), req)
         assert code == grpc.StatusCode.NOT_FOUND and service.rpartition(".")[2] in details
+
+
+def test_the_soaks_unauthenticated_probe_is_refused_everywhere_and_can_fail(
+        daemon: tuple[str, str, Path, Path], tmp_path: Path) -> None:  # fmt: skip
+    """bench.soak's probe: every RPC and the raw channel, no token and a wrong one: none served.
+    Against a daemon started with --no-auth the same probe is served (the figure can fail)."""
+    from bench.soak import unauthenticated_probe
+
+    sent, served = unauthenticated_probe(daemon[0], daemon[1])
+    assert sent == 21 and served == 0  # 10 RPCs x (no token, wrong token) + the raw channel
+    with fuzz_daemon(tmp_path, "--no-auth") as (open_address, _, _):
+        sent, served = unauthenticated_probe(open_address, "")
+    assert served >= 10
