@@ -271,7 +271,8 @@ def figures(plan: Plan, rec: Record) -> dict[str, Any]:
             "cross_tenant_probes": len(rec.probes.tenant_probes),
             "fuzz": {k: v for k, v in fuzz.items() if k != "outcomes"},
             "plan": asdict(plan),
-            "samples": [(round(s.t, 1), s.role, s.pid, s.anon // 2**20, s.rss // 2**20, s.fds, s.threads)
+            "samples_columns": "t_s role pid rss_anon_mb rss_mb rss_lmdb_mb fds threads",
+            "samples": [f"{s.t:.1f} {s.role} {s.pid} {s.anon >> 20} {s.rss >> 20} {s.lmdb >> 20} {s.fds} {s.threads}"
                         for s in rec.watcher.samples],
         },
     }  # fmt: skip

@@ -1,10 +1,11 @@
 """The fuzzer: malformed inputs to the block decoder, every gRPC handler of a real daemon, its raw
 stream channel and the engine's HTTP API; each case must end in a clear answer within its deadline.
 
-    python -m bench.soak_fuzz --fuzz-cases 10000 [--seed 1] [--out F.json]
+    python -m bench.soak_fuzz --fuzz-cases 10000 [--seed 1] [--out F.json] [--http URL] [--only daemon|http]
 
-starts a ``kvstore serve`` (cpu + disk, auth on) on a free loopback port and fuzzes it; the soak
-(bench/soak.py) runs the same against its own daemon and engine. A *crash* is a case that ends
+starts a ``kvstore serve`` (cpu + disk, auth on) on a free loopback port and fuzzes it (with
+``--http``, 15 % of the cases go to that ``kvengine serve`` instead); the soak (bench/soak.py)
+runs both sides beside its own cluster, the HTTP side against one of its replicas. A *crash* is a case that ends
 any other way: an exception the decoder should not raise, a gRPC status that is not a clear
 refusal (UNKNOWN from an uncaught exception, INTERNAL, UNAVAILABLE, DEADLINE_EXCEEDED for a hang,
 or any refusal without a message), a stream-channel reply that is not well-framed, an HTTP 5xx,
