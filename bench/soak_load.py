@@ -28,6 +28,7 @@ TOPICS = ("the Harbor Museum of maritime history", "the Alpine railway timetable
 RULES = ("Answer in one short sentence.", "Never invent prices or opening hours.", "Name a concrete place when you can.",
          "If you do not know, say so plainly.", "Prefer the metric system.", "Keep a calm, friendly tone.",
          "Mention accessibility when it matters.", "Do not repeat the question back.")  # fmt: skip
+TENANTS = ["tenant-a", "tenant-b", "tenant-c"]
 QUESTIONS = ("What should a first-time visitor see?", "When is the quietest time to come?", "How do I get there by train?",
              "Is there anything for children?", "What is the history of the place?", "Where can I eat nearby?")  # fmt: skip
 

@@ -105,7 +105,7 @@ def test_the_soaks_unauthenticated_probe_is_refused_everywhere_and_can_fail(
         daemon: tuple[str, str, Path, Path], tmp_path: Path) -> None:  # fmt: skip
     """bench.soak's probe: every RPC and the raw channel, no token and a wrong one: none served.
     Against a daemon started with --no-auth the same probe is served (the figure can fail)."""
-    from bench.soak import unauthenticated_probe
+    from bench.soak_probes import unauthenticated_probe
 
     sent, served = unauthenticated_probe(daemon[0], daemon[1])
     assert sent == 21 and served == 0  # 10 RPCs x (no token, wrong token) + the raw channel
