@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.run_all import BENCHES, lookup, machine_facts, verdict
 from bench.soak_cluster import Cluster
-from bench.soak_figures import check_answers, cross_tenant_hits, memory_figures
+from bench.soak_figures import check_answers, cross_tenant_hits, during_outages, memory_figures
 from bench.soak_fuzz import HTTP_SHARE
 from bench.soak_load import TENANTS, Answer, Load, workload
 from bench.soak_probes import Probes
@@ -50,7 +50,7 @@ class Plan:
     probe_every_s: float
 
 
-QUICK = Plan(soak_s=150, warm_s=25, systems=4, questions=4, words=120, clients=4, max_tokens=10, probe_every_s=30,
+QUICK = Plan(soak_s=150, warm_s=25, systems=4, questions=4, words=120, clients=6, max_tokens=10, probe_every_s=30,
              faults=((15, "daemon", 5), (35, "redis", 5), (55, "s3", 6), (80, "daemon", 5), (100, "redis", 5),
                      (118, "s3", 6)))  # fmt: skip
 FULL = Plan(soak_s=900, warm_s=60, systems=6, questions=6, words=160, clients=6, max_tokens=16, probe_every_s=60,
@@ -188,6 +188,9 @@ def figures(plan: Plan, rec: Record) -> dict[str, Any]:
                           "same_on_other_replica": sum(a.text == cold.get(p) for p, a in rec.again.items())},
             "client_error_examples": checked.errors, "wrong_output_examples": checked.wrong,
             "answers_with_cached_tokens": sum(1 for a in rec.answers if a.cached > 0),
+            "answers_during_daemon_outages": during_outages(rec.answers, rec.faults, "daemon"),
+            "answers_during_redis_outages": during_outages(rec.answers, rec.faults, "redis"),
+            "answers_during_s3_outages": during_outages(rec.answers, rec.faults, "s3"),
             "cached_tokens": sum(max(a.cached, 0) for a in rec.answers),
             "prompt_tokens": sum(a.prompt_tokens for a in rec.answers),
             "unauthenticated_probe_calls": rec.probes.unauth_sent,

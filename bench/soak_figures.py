@@ -140,3 +140,9 @@ def check_answers(answers: Iterable[Any], reference: dict[str, str]) -> Checked:
 def cross_tenant_hits(probes: Iterable[Any]) -> int:
     """Probes (another tenant's first request for a prompt only its owner sent) that reported cached tokens."""
     return sum(1 for a in probes if a.error is None and a.cached > 0)
+
+
+def during_outages(answers: Iterable[Any], faults: Iterable[dict[str, Any]], target: str = "daemon") -> int:
+    """Answers whose request was in flight while ``target`` was down (killed, not yet back)."""
+    windows = [(f["killed_at"], f.get("back_at", float("inf"))) for f in faults if f["target"] == target]
+    return sum(1 for a in answers if any(a.t0 < back and a.t1 > killed for killed, back in windows))

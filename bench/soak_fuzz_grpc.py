@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2
 from hypothesis import strategies as st
 
 from bench.soak_fuzz import Tally, run_cases
-from bench.soak_fuzz_cases import keys, messages, mutate, put_streams, raw_or_mutated, stream_requests
+from bench.soak_fuzz_cases import messages, put_streams, raw_or_mutated, stream_requests
 from kvstore import stream_wire as w
 from kvstore.auth import ClientAuth
 from kvstore.block import decode_block, encode_block
@@ -300,5 +300,3 @@ def fuzz_daemon(work: Path, *flags: str) -> Iterator[tuple[str, str, Path]]:
     finally:
         stop_daemon(proc)
 
-
-__all__ = ["GrpcFuzzer", "HANDLERS", "fuzz_daemon", "keys", "mutate"]

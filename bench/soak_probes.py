@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import grpc
 
@@ -41,9 +42,7 @@ def unauthenticated_probe(address: str, token: str) -> tuple[int, int]:
                 sent += e.code() != grpc.StatusCode.UNAVAILABLE  # the daemon is down: nothing was asked
         ch.close()
     try:  # the raw channel with a made-up token: closed without a byte
-        good = ClientAuth(token).channel(address, [])
-        port = pb.OpenStreamResponse.FromString(good.unary_unary(SERVICE + "OpenStream")(b"", timeout=5)).port
-        good.close()
+        port = _stream_port(address, token)
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(b"\0" * w.TOKEN_BYTES + w.encode_request([b"k" * 16]))
             try:
@@ -54,6 +53,20 @@ def unauthenticated_probe(address: str, token: str) -> tuple[int, int]:
     except (OSError, grpc.RpcError):
         pass
     return sent, served
+
+
+def _stream_port(address: str, token: str, wait_s: float = 15.0) -> int:
+    """The raw channel's port, from an authenticated OpenStream (a slot frees when an unused token expires)."""
+    good = ClientAuth(token).channel(address, [])
+    try:
+        deadline = time.monotonic() + wait_s
+        while not (r := pb.OpenStreamResponse.FromString(good.unary_unary(SERVICE + "OpenStream")(b"", timeout=5))).ok:
+            if time.monotonic() > deadline:
+                raise OSError(f"no stream-channel slot: {r.reason}")
+            time.sleep(0.1)
+        return r.port
+    finally:
+        good.close()
 
 
 class Probes:

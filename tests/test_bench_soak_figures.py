@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from bench.run_all import BENCHES, lookup, verdict
-from bench.soak_figures import MIB, check_answers, cross_tenant_hits, growth, memory_figures, shm_rounds
+from bench.soak_figures import (
+    MIB,
+    check_answers,
+    cross_tenant_hits,
+    during_outages,
+    growth,
+    memory_figures,
+    shm_rounds,
+)
 from bench.soak_load import Answer
 from bench.soak_watch import Sample
 
@@ -78,6 +86,15 @@ def test_answers_against_the_reference() -> None:
 def test_cross_tenant_hits_count_only_answers_with_cached_tokens() -> None:
     probes = [Answer("x", "b", "a", cached=0), Answer("x", "c", "a", cached=16), Answer("x", "c", "a", error="e")]
     assert cross_tenant_hits(probes) == 1
+
+
+def test_answers_in_flight_during_an_outage() -> None:
+    faults = [{"target": "daemon", "killed_at": 10.0, "back_at": 15.0}, {"target": "redis", "killed_at": 30.0},
+              {"target": "daemon", "killed_at": 50.0, "back_at": 55.0}]  # fmt: skip
+    answers = [Answer("p", "t", "a", t0=8, t1=11), Answer("p", "t", "a", t0=15, t1=20), Answer("p", "t", "a", t0=51, t1=52),
+               Answer("p", "t", "a", t0=40, t1=41)]  # fmt: skip
+    assert during_outages(answers, faults) == 2
+    assert during_outages(answers, faults, "redis") == 2  # never came back: down to the end
 
 
 GOOD = {"requests": 300, "wrong_outputs": 0, "client_errors": 0, "faults_injected": 6, "fuzz_cases": 10_000,
