@@ -1,10 +1,11 @@
 """The soak's figures, as pure functions of what it recorded (tests: tests/test_bench_soak_figures.py).
 
 Growth is measured per process identity (bench/soak_watch.py), after warm-up: from the median of
-an identity's first ``window`` samples past ``max(warm mark, its own start + warm_s)`` to the
-median of its last ``window`` samples — a restarted daemon is compared with itself, never with the
-process it replaced, and a short spike at either end does not count. An identity with too few
-samples past its warm-up is listed as not measured (never as zero growth).
+the first fifth of an identity's samples past ``max(warm mark, its own start + warm_s)`` to the
+median of the last fifth (at least ``window`` = 3 samples each) — a restarted daemon is compared
+with itself, never with the process it replaced; a spike, or the allocator's ±10 MB swings, at
+either end does not count, while a steady leak shows at four fifths of its size. An identity
+with too few samples past its warm-up is listed as not measured (never as zero growth).
 
 The headline ``rss_growth_mb`` is the largest growth of *anonymous* RSS (the heap, where a leak
 lives) over every identity; total RSS, file-backed RSS (the disk tier's lmdb map: page cache,
@@ -52,7 +53,8 @@ def growth(samples: Iterable[Sample], value: Callable[[Sample], float], warm_at:
         if len(after) < 2 * window:
             short.append(ident)
             continue
-        head, tail = after[:window], after[-window:]
+        k = max(window, len(after) // 5)
+        head, tail = after[:k], after[-k:]
         measured.append(Growth(ident, ss[0].role, head[0].t, tail[-1].t, len(after),
                                statistics.median(value(s) for s in head), statistics.median(value(s) for s in tail)))  # fmt: skip
     return measured, short
@@ -72,7 +74,8 @@ def series_growth(points: Sequence[tuple[float, float]], warm_at: float, window:
     after = [v for t, v in points if t >= warm_at]
     if len(after) < 2 * window:
         return None
-    return statistics.median(after[-window:]) - statistics.median(after[:window])
+    k = max(window, len(after) // 5)
+    return statistics.median(after[-k:]) - statistics.median(after[:k])
 
 
 def memory_figures(samples: Sequence[Sample], warm_at: float, warm_s: float) -> dict[str, Any]:
