@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -154,34 +155,48 @@ def bad_blocks() -> st.SearchStrategy[bytes]:
 
 
 # -- Put streams ---------------------------------------------------------------------------
+class PutCase(NamedTuple):
+    """A Put's messages (serialized) and what to write into the shared segment first
+    ((offset, bytes): the blocks its shared-memory handles point at)."""
+
+    messages: list[bytes]
+    place: list[tuple[int, bytes]]
+
+
 @st.composite
-def put_streams(draw: st.DrawFn, session: str = "") -> list[bytes]:
-    """A Put's messages, serialized: near-valid (real blocks, one thing wrong), or wild."""
+def put_streams(draw: st.DrawFn, session: str = "", seg_size: int = 0) -> PutCase:
+    """Near-valid Puts (real blocks, a few things wrong), one in four wholly valid, or wild ones."""
     if draw(st.integers(0, 3)) == 0:
         msgs = draw(st.lists(messages(pb.PutRequest.DESCRIPTOR), max_size=6))
-        return [m.SerializeToString() for m in msgs]
+        return PutCase([m.SerializeToString() for m in msgs], [])
+    clean = draw(st.integers(0, 3)) == 0
+
+    def bad(one_in: int) -> bool:
+        return not clean and draw(st.integers(0, one_in - 1)) == 0
+
     blocks = draw(st.lists(valid_blocks(), min_size=1, max_size=3))
-    datas = [draw(st.one_of(st.just(b), mutate(b), _header_edit(b))) if draw(st.booleans()) else b
-             for _, b in blocks]  # fmt: skip
-    specs = [pb.BlockSpec(key=draw(st.one_of(st.just(k), keys())) if draw(st.integers(0, 5)) == 0 else k,
-                          size=draw(edge_int(2**64 - 1)) if draw(st.integers(0, 5)) == 0 else len(d),
-                          dtype=draw(st.sampled_from(DTYPES)) if draw(st.integers(0, 5)) == 0 else "",
-                          shape=draw(st.lists(edge_int(64), max_size=3)) if draw(st.integers(0, 5)) == 0 else [])
+    datas = [draw(st.one_of(mutate(b), _header_edit(b))) if bad(2) else b for _, b in blocks]
+    specs = [pb.BlockSpec(key=draw(keys()) if bad(6) else k, size=draw(edge_int(2**64 - 1)) if bad(6) else len(d),
+                          dtype=draw(st.sampled_from(DTYPES)) if bad(6) else "",
+                          shape=draw(st.lists(edge_int(64), max_size=3)) if bad(6) else [])
              for (k, _), d in zip(blocks, datas, strict=True)]  # fmt: skip
     via_shm = bool(session) and draw(st.booleans())
     msgs = [pb.PutRequest(begin=pb.PutBegin(blocks=specs, shm_session=session if via_shm else ""))]
-    refs = []
+    refs, place, pos = [], [], 4096
     for i, d in enumerate(datas):
         if via_shm:
-            refs.append(pb.ShmRef(index=draw(st.one_of(st.just(i), edge_int(2**32 - 1))),
-                                  offset=draw(st.one_of(st.just(4096), edge_int(2**64 - 1))), length=len(d)))
+            off = draw(edge_int(2**64 - 1)) if bad(6) else pos
+            if pos + len(d) <= seg_size:
+                place.append((pos, d))
+            refs.append(pb.ShmRef(index=draw(edge_int(2**32 - 1)) if bad(8) else i, offset=off, length=len(d)))
+            pos += (len(d) + 63) // 64 * 64
             continue
         step = draw(st.sampled_from([7, 64, 1024, 1 << 20]))
         for off in range(0, len(d), step):
-            idx = draw(st.one_of(st.just(i), edge_int(2**32 - 1))) if draw(st.integers(0, 9)) == 0 else i
-            o = draw(edge_int(2**64 - 1)) if draw(st.integers(0, 9)) == 0 else off
+            idx = draw(edge_int(2**32 - 1)) if bad(10) else i
+            o = draw(edge_int(2**64 - 1)) if bad(10) else off
             msgs.append(pb.PutRequest(chunk=pb.PutChunk(index=idx, offset=o, data=d[off : off + step])))
-    ending = draw(st.sampled_from(["commit", "commit", "none", "begin", "chunk"]))
+    ending = "commit" if clean else draw(st.sampled_from(["commit", "commit", "none", "begin", "chunk"]))
     if ending == "commit":
         msgs.append(pb.PutRequest(commit=pb.PutCommit(shm=refs)))
     elif ending == "begin":
@@ -189,10 +204,10 @@ def put_streams(draw: st.DrawFn, session: str = "") -> list[bytes]:
     elif ending == "chunk":
         msgs.append(pb.PutRequest(chunk=pb.PutChunk(index=0, offset=0, data=b"x")))
     out = [m.SerializeToString() for m in msgs]
-    if draw(st.integers(0, 4)) == 0:  # one message's bytes broken
+    if bad(5):  # one message's bytes broken
         j = draw(st.integers(0, len(out) - 1))
         out[j] = draw(mutate(out[j]))
-    return out
+    return PutCase(out, place)
 
 
 # -- the raw stream channel ----------------------------------------------------------------

@@ -31,12 +31,13 @@ from kvstore.client import KVStoreClient
 from kvstore.errors import BlockFormatError
 from kvstore.launch import spawn_daemon, stop_daemon
 from kvstore.proto import kvstore_pb2 as pb
-from kvstore.shm import HEADER_BYTES, ShmSegment
+from kvstore.shm import HEADER_BYTES, ArenaMap, ShmSegment
 
 SERVICE = "/tierkv.kvstore.v1.KVStore/"
 HEALTH = "/grpc.health.v1.Health/"
-HANDLERS = ("Lookup", "Put", "Get", "Delete", "Stats", "AttachShm", "DetachShm", "TraceStart", "TraceStop",
-            "OpenStream", "Health.Check", "Health.Watch")  # fmt: skip
+HANDLERS = ("Lookup", "Put", "Get", "GetShm", "Delete", "Stats", "AttachShm", "DetachShm", "ReleaseLease",
+            "TraceStart", "TraceStop", "OpenStream", "Health.Check", "Health.Watch")  # fmt: skip
+REQUESTS = {"GetShm": pb.GetRequest}  # a handler whose request type is not named after it
 CLEAR = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "DATA_LOSS",
          "OUT_OF_RANGE", "UNAUTHENTICATED", "UNIMPLEMENTED"}  # fmt: skip
 CRASH_LOG_LINES = ("Exception calling application", "Exception iterating responses", "Traceback")
@@ -66,6 +67,7 @@ class GrpcFuzzer:
             pb.AttachShmRequest(name=self.seg.name, size=self.seg.size, token=self.seg.token,
                                 pid=os.getpid()).SerializeToString(), timeout=deadline_s))  # fmt: skip
         self.session = resp.session if resp.ok else ""
+        self.arena = _map_arena(resp)  # blocks a Get answers in place are checked there
         self._stream_port = self._token()[0]  # where connections without a valid token go
         self.tally = Tally()
 
@@ -81,6 +83,8 @@ class GrpcFuzzer:
             ch.close()
         self.seg.close()
         self.seg.unlink()
+        if self.arena is not None:
+            self.arena.close()
 
     # -- running ---------------------------------------------------------------------------
     def run(self, shares: dict[str, int], seed: int) -> Tally:
@@ -101,7 +105,7 @@ class GrpcFuzzer:
 
     def _payloads(self, name: str) -> st.SearchStrategy[object]:
         if name == "Put":
-            return put_streams(self.session)
+            return put_streams(self.session, self.seg.size)
         if name.startswith("Health."):
             svc = st.one_of(st.sampled_from(["", "tierkv.kvstore.v1.KVStore", "tierkv.tier.cpu", "tierkv.tier."]),
                             st.text(max_size=40))  # fmt: skip
@@ -114,18 +118,25 @@ class GrpcFuzzer:
                              st.sampled_from([self.seg.token, b"", b"x" * 16, self.seg.token + b"x"]),
                              st.sampled_from([0, 1, os.getpid(), 2**31, 2**32 - 1]))  # fmt: skip
             return raw_or_mutated(st.one_of(near, messages(pb.AttachShmRequest.DESCRIPTOR)).map(_ser))
-        desc = getattr(pb, f"{name}Request").DESCRIPTOR
+        desc = REQUESTS.get(name, getattr(pb, f"{name}Request", None)).DESCRIPTOR
         wild = messages(desc)
-        if name == "Get":
+        if name in ("Get", "GetShm"):
             wild = st.tuples(wild, st.booleans(), st.lists(st.sampled_from(list(self.canaries)), max_size=3)).map(
                 self._near_get)
         return st.one_of(wild.map(_ser), raw_or_mutated(wild.map(_ser)))
 
     def _near_get(self, c: tuple[pb.GetRequest, bool, list[bytes]]) -> pb.GetRequest:
+        """With our session, half the time with a region that is really in our segment and keys
+        the daemon accepts (so the call gets as far as writing blocks)."""
         msg, shm, canaries = c
         msg.keys.extend(canaries)
         if shm and self.session:
             msg.shm_session = self.session
+            if len(canaries) % 2 == 0:
+                msg.shm_offset, msg.shm_length = HEADER_BYTES, self.seg.size - HEADER_BYTES
+                kept = [k for k in msg.keys if 0 < len(k) <= 256]
+                del msg.keys[:]
+                msg.keys.extend(kept)
         return msg
 
     def _trace_starts(self) -> st.SearchStrategy[bytes]:
@@ -154,7 +165,9 @@ class GrpcFuzzer:
         code, details, got = "OK", "", None
         try:
             if name == "Put":
-                got = ch.stream_unary(method)(iter(payload), timeout=self.deadline_s)  # type: ignore[call-overload]
+                for off, data in payload.place:  # type: ignore[attr-defined]
+                    self.seg.buf[off : off + len(data)] = data
+                got = ch.stream_unary(method)(iter(payload.messages), timeout=self.deadline_s)  # type: ignore[attr-defined]
             elif name in ("Get", "Health.Watch"):
                 call = ch.unary_stream(method)(payload, timeout=self.deadline_s)
                 got = [next(call)] if name == "Health.Watch" else list(call)
@@ -173,8 +186,8 @@ class GrpcFuzzer:
         elif auth != "good" and not name.startswith("Health.") and code not in ("UNAUTHENTICATED", "RESOURCE_EXHAUSTED"):
             self.tally.unauthenticated_accepted += 1
             why = f"{auth} token, yet answered {code}"
-        elif code == "OK" and name == "Get":
-            why = self._check_get(payload, got)  # type: ignore[arg-type]
+        elif code == "OK" and name in ("Get", "GetShm"):
+            why = self._check_get(payload, got if name == "Get" else [got])  # type: ignore[arg-type,list-item]
         self.tally.record(name, code, why, payload)
         if code == "OK" and name == "TraceStart":  # the file is written at stop: that is a case too
             self._grpc_case("TraceStop", "good", b"")
@@ -190,8 +203,13 @@ class GrpcFuzzer:
             r = pb.GetResponse.FromString(raw)
             for b in r.shm:
                 if b.found and not b.deferred and b.index < len(req.keys) and req.keys[b.index] in self.canaries:
-                    if bytes(self.seg.buf[b.offset : b.offset + b.length]) != self.canaries[req.keys[b.index]]:
-                        return f"shared-memory get of canary {req.keys[b.index]!r}: wrong bytes"
+                    got = self._shm_bytes(b)
+                    if got is not None and got != self.canaries[req.keys[b.index]]:
+                        where = "the daemon's arena" if b.arena else "our segment"
+                        return f"shared-memory get of canary {req.keys[b.index]!r}: wrong bytes in {where}"
+            if r.lease and self.session:  # unpin what was answered in place (an unreleased lease only expires)
+                self.auth["good"].unary_unary(SERVICE + "ReleaseLease")(pb.ReleaseLeaseRequest(
+                    session=self.session, leases=[r.lease]).SerializeToString(), timeout=self.deadline_s)  # fmt: skip
             if r.found:
                 buf = parts.setdefault(r.index, bytearray(r.total))
                 buf[r.offset : r.offset + len(r.data)] = r.data
@@ -200,6 +218,12 @@ class GrpcFuzzer:
             if k in self.canaries and bytes(data) != self.canaries[k]:
                 return f"streamed get of canary {k!r}: wrong bytes"
         return None
+
+    def _shm_bytes(self, b: pb.ShmBlock) -> bytes | None:
+        """The bytes a handle points at: in the daemon's arena (None if we could not map it) or our segment."""
+        if b.arena:
+            return bytes(self.arena.view(b.offset, b.length)) if self.arena is not None else None
+        return bytes(self.seg.buf[b.offset : b.offset + b.length])
 
     # -- one stream-channel case ---------------------------------------------------------------
     def _token(self) -> tuple[int, bytes]:
@@ -282,6 +306,15 @@ class GrpcFuzzer:
                      if any(m in ln for m in CRASH_LOG_LINES)]  # fmt: skip
             for ln in lines:
                 self.tally.record("log", "bad", f"daemon log: {ln[:300]}")
+
+
+def _map_arena(resp: pb.AttachShmResponse) -> ArenaMap | None:
+    if not resp.ok or not resp.HasField("arena"):
+        return None
+    try:
+        return ArenaMap(resp.arena.pid, resp.arena.fd, resp.arena.size, resp.arena.token)
+    except (OSError, ValueError):
+        return None
 
 
 def _ser(m: object) -> bytes:

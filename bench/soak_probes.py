@@ -25,7 +25,8 @@ def unauthenticated_probe(address: str, token: str) -> tuple[int, int]:
              ("Delete", pb.DeleteRequest(keys=[b"k" * 16])), ("OpenStream", pb.OpenStreamRequest()),
              ("TraceStart", pb.TraceStartRequest()), ("TraceStop", pb.TraceStopRequest()),
              ("AttachShm", pb.AttachShmRequest(name="tierkv-00000000", size=8192, token=b"x" * 16)),
-             ("DetachShm", pb.DetachShmRequest(session="x"))]  # fmt: skip
+             ("DetachShm", pb.DetachShmRequest(session="x")), ("ReleaseLease", pb.ReleaseLeaseRequest(session="x")),
+             ("GetShm", pb.GetRequest(keys=[b"k" * 16], shm_session="x"))]  # fmt: skip
     sent = served = 0
     for ch in (grpc.insecure_channel(address), ClientAuth("wrong-" + "x" * 20).channel(address, [])):
         for method, req in [*calls, ("Get", pb.GetRequest(keys=[b"k" * 16])), ("Put", None)]:

@@ -108,7 +108,7 @@ def test_the_soaks_unauthenticated_probe_is_refused_everywhere_and_can_fail(
     from bench.soak_probes import unauthenticated_probe
 
     sent, served = unauthenticated_probe(daemon[0], daemon[1])
-    assert sent == 21 and served == 0  # 10 RPCs x (no token, wrong token) + the raw channel
+    assert sent == 25 and served == 0  # 12 RPCs x (no token, wrong token) + the raw channel
     with fuzz_daemon(tmp_path, "--no-auth") as (open_address, _, _):
         sent, served = unauthenticated_probe(open_address, "")
     assert served >= 10
