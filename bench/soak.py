@@ -135,7 +135,8 @@ def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
             cluster.start()
             timings = {"startup_s": time.monotonic() - t0}
             fuzzing.http(cluster.replicas[0].base)
-            watcher = Watcher(cluster.processes).start()
+            watcher = Watcher(cluster.processes, queued=lambda role: cluster.daemon.queued_bytes()
+                              if role == "daemon" else 0).start()  # fmt: skip
             load = Load([r.base for r in cluster.replicas], MODEL, plan.max_tokens, clock=watcher.now)
             refs = load.references(prompts)
             n = len(load.replicas)  # prompts[::n] all went to replica 0: shifted, these go to replica 1
@@ -198,9 +199,9 @@ def figures(plan: Plan, rec: Record) -> dict[str, Any]:
             "cross_tenant_probes": len(rec.probes.tenant_probes),
             "fuzz": {k: v for k, v in fuzz.items() if k != "outcomes"},
             "plan": asdict(plan),
-            "samples_columns": "t_s role pid rss_anon_mb rss_mb rss_lmdb_mb fds threads",
-            "samples": [f"{s.t:.1f} {s.role} {s.pid} {s.anon >> 20} {s.rss >> 20} {s.lmdb >> 20} {s.fds} {s.threads}"
-                        for s in rec.watcher.samples],
+            "samples_columns": "t_s role pid rss_anon_mb rss_mb rss_lmdb_mb rss_shmem_mb queued_mb fds threads",
+            "samples": [f"{s.t:.1f} {s.role} {s.pid} {s.anon >> 20} {s.rss >> 20} {s.lmdb >> 20} {s.shmem >> 20} "
+                        f"{s.queued >> 20} {s.fds} {s.threads}" for s in rec.watcher.samples],
         },
     }  # fmt: skip
 

@@ -21,7 +21,11 @@ from pathlib import Path
 import httpx
 
 from bench.servers import RedisServer, SeaweedS3, free_port, prepare_bucket
+from kvstore.auth import ClientAuth
+from kvstore.client import KVStoreClient
+from kvstore.errors import KVStoreError
 from kvstore.launch import spawn_daemon, stop_daemon
+from kvstore.retry import Retry
 
 BUCKET = "soak"
 
@@ -75,6 +79,7 @@ class Daemon:
                     "TIERKV_TIER_RETRY_S": "0.5", "TIERKV_STATS_INTERVAL_S": "0"}  # fmt: skip
         self.proc: subprocess.Popen[str] | None = None
         self.incarnation = 0
+        self._stats: KVStoreClient | None = None
 
     def start(self) -> None:
         self.proc, self.address = spawn_daemon(self.work / "cache", *self.flags, env=self.env,
@@ -91,7 +96,22 @@ class Daemon:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
+    def queued_bytes(self) -> int:
+        """Bytes waiting in the daemon's spill queue (0 while it is down or does not answer at once)."""
+        if self.pid is None:
+            return 0
+        if self._stats is None:
+            self._stats = KVStoreClient(self.address, auth=ClientAuth(self.token), deadline_s=1.0, use_shm=False,
+                                        retry=Retry(attempts=1))  # fmt: skip
+        try:
+            return self._stats.stats().pending_bytes
+        except KVStoreError:
+            return 0
+
     def stop(self) -> None:
+        if self._stats is not None:
+            self._stats.close()
+            self._stats = None
         if self.proc is not None:
             stop_daemon(self.proc)
             self.proc = None

@@ -82,7 +82,8 @@ def memory_figures(samples: Sequence[Sample], warm_at: float, warm_s: float) -> 
     """rss_growth_mb, fd_growth, shm_growth_mb (the targets) and the per-identity detail behind them."""
     fields: dict[str, Callable[[Sample], float]] = {
         "rss_anon_mb": lambda s: s.anon / MIB, "rss_mb": lambda s: s.rss / MIB, "rss_file_mb": lambda s: s.file / MIB,
-        "rss_shmem_mb": lambda s: s.shmem / MIB, "rss_lmdb_mb": lambda s: s.lmdb / MIB, "fds": lambda s: s.fds,
+        "rss_shmem_mb": lambda s: s.shmem / MIB, "rss_lmdb_mb": lambda s: s.lmdb / MIB,
+        "rss_anon_less_queued_mb": lambda s: (s.anon - s.queued) / MIB, "fds": lambda s: s.fds,
         "threads": lambda s: s.threads}  # fmt: skip
     detail: dict[str, dict[str, Any]] = defaultdict(dict)
     worst: dict[str, float | None] = {}
@@ -107,6 +108,7 @@ def memory_figures(samples: Sequence[Sample], warm_at: float, warm_s: float) -> 
             "threads_growth": worst["threads"], "rss_total_growth_mb": _r(worst["rss_mb"]),
             "rss_file_growth_mb": _r(worst["rss_file_mb"]), "rss_lmdb_growth_mb": _r(worst["rss_lmdb_mb"]),
             "rss_shmem_growth_mb": _r(worst["rss_shmem_mb"]),
+            "rss_anon_less_queued_growth_mb": _r(worst["rss_anon_less_queued_mb"]),
             "growth_by_process": dict(detail), "not_measured": short, "naive": naive}  # fmt: skip
 
 

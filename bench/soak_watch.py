@@ -38,6 +38,7 @@ class Sample(NamedTuple):
     threads: int
     shm: dict[int, int]  # /dev/shm inode -> bytes mapped
     lmdb: int = 0  # bytes of RSS in lmdb maps (*.mdb): the disk tier's pages, part of ``file``
+    queued: int = 0  # bytes the process says it holds in transit (the daemon: its spill queue), part of ``anon``
 
     @property
     def identity(self) -> str:
@@ -84,8 +85,10 @@ def _lmdb_rss(base: Path) -> int:
 class Watcher:
     """Samples every process ``processes()`` names (role -> pid, None while down) every ``every_s``."""
 
-    def __init__(self, processes: Callable[[], dict[str, int | None]], every_s: float = 2.0) -> None:
-        self.processes, self.every_s = processes, every_s
+    def __init__(self, processes: Callable[[], dict[str, int | None]], every_s: float = 2.0,
+                 queued: Callable[[str], int] | None = None) -> None:  # fmt: skip
+        """``queued(role)``: bytes that process reports holding in transit now (0 if unknown)."""
+        self.processes, self.every_s, self.queued = processes, every_s, queued
         self.samples: list[Sample] = []
         self.marks: dict[str, float] = {}  # phase name -> time (same clock as samples)
         self._t0 = time.monotonic()
@@ -111,7 +114,7 @@ class Watcher:
         t = self.now()
         for role, pid in self.processes().items():
             if pid is not None and (s := sample(role, pid, t)) is not None:
-                self.samples.append(s)
+                self.samples.append(s._replace(queued=self.queued(role)) if self.queued is not None else s)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
