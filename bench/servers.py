@@ -170,7 +170,7 @@ def _redis_argv(port: int, workdir: Path, extra: list[str]) -> list[str]:
 
 
 class _Pausable:
-    """pause/resume of a server run as ``self._p`` (a _Process): the hung-server fault."""
+    """pause/resume (the hung-server fault) and kill (the crash fault) of a server run as ``self._p``."""
 
     _p: _Process | None
 
@@ -182,6 +182,16 @@ class _Pausable:
     def resume(self) -> None:
         assert self._p is not None
         self._p.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL: the crash fault (no shutdown path runs); ``start()`` brings it back on its port."""
+        assert self._p is not None
+        self._p.proc.kill()
+        self._p.proc.wait(10)
+
+    @property
+    def pid(self) -> int | None:
+        return self._p.proc.pid if self._p is not None and self._p.proc.poll() is None else None
 
 
 class RedisServer(_Pausable):

@@ -27,6 +27,10 @@ from engine.protocol import ChatRequest, CompletionRequest
 from engine.request import HookState, RequestOutput
 
 CHAT_DEFAULT_MAX = 1024
+#: bytes of one request body; a larger one is answered 413 before it is read (Content-Length) or as
+#: soon as it passes the bound (chunked), so no client makes the server hold more. A 128k-token
+#: prompt as JSON token ids is ~1 MB; CacheBlend documents fit too.
+MAX_BODY_BYTES = 16 * 1024**2
 
 
 def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
@@ -70,9 +74,10 @@ def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def create_app(aengine: AsyncEngine, model_name: str, blend: BlendRequests | None = None) -> FastAPI:
+def create_app(aengine: AsyncEngine, model_name: str, blend: BlendRequests | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """blend: CacheBlend's request builders (the "cacheblend" plug-in); None refuses `documents` requests."""
-    app = FastAPI(title="tierkv engine")
+    app = FastAPI(title="tierkv engine", max_body_size=max_body_bytes)
     eng = aengine.engine
     tok = eng.tokenizer
     created = int(time.time())
@@ -168,6 +173,8 @@ def create_app(aengine: AsyncEngine, model_name: str, blend: BlendRequests | Non
         msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
         if not msgs:
             raise InvalidRequestError("messages must not be empty", "messages")
+        if not getattr(tok, "chat_template", None):  # else transformers raises ValueError: a 500
+            raise InvalidRequestError(f"model {model_name!r} has no chat template: use /v1/completions", "messages")
         if body.documents:
             if blend is None:
                 raise InvalidRequestError("CacheBlend is not available on this server", "documents")

@@ -42,6 +42,9 @@ _CHECKSUM_OFFSET = _FIXED.size - 8
 MAX_NDIM = 8
 MAX_KEY_LEN = 256
 MAX_LAYOUT_LEN = 64
+#: bound on the bytes a shape may span counting its zero dimensions as 1: a shape such as
+#: (2**40, 2**30, 0) holds no bytes yet no array can take it (numpy refuses it in reshape)
+MAX_SPAN_BYTES = 2**62
 #: dtypes a KV block may hold; anything else is refused (object dtypes would be unsafe)
 ALLOWED_DTYPES = frozenset(
     np.dtype(d).str for d in ("f2", "f4", "f8", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8")
@@ -81,6 +84,11 @@ def _norm_dtype(dtype: np.dtype | str) -> np.dtype:
     return dt
 
 
+def _check_span(shape: tuple[int, ...], itemsize: int) -> None:
+    if prod(max(s, 1) for s in shape) * itemsize >= MAX_SPAN_BYTES:
+        raise BlockFormatError(f"shape {shape} is too large for any array")
+
+
 def header_size(key_len: int, ndim: int, dtype_len: int, layout_len: int) -> int:
     raw = _FIXED.size + 8 * ndim + dtype_len + key_len + layout_len
     return (raw + ALIGN - 1) // ALIGN * ALIGN
@@ -101,6 +109,7 @@ def encode_header(key: bytes, dtype: np.dtype | str, shape: tuple[int, ...], lay
     shape = tuple(int(s) for s in shape)
     if len(shape) > MAX_NDIM or any(s < 0 for s in shape):
         raise BlockFormatError(f"bad shape {shape}")
+    _check_span(shape, dt.itemsize)
     if not key or len(key) > MAX_KEY_LEN:
         raise BlockFormatError(f"key length {len(key)} outside 1..{MAX_KEY_LEN}")
     lay = layout.encode()
@@ -224,6 +233,7 @@ def decode_block(buf: bytes | bytearray | memoryview, verify: bool = True) -> Bl
     if verify:
         verify_payload(hdr, [payload])
     dt = _norm_dtype(hdr.dtype)
+    _check_span(hdr.shape, dt.itemsize)
     if hdr.payload_len != prod(hdr.shape) * dt.itemsize:
         raise BlockFormatError(f"payload {hdr.payload_len} bytes != shape {hdr.shape} x {dt.itemsize}")
     return Block(key=hdr.key, dtype=dt, shape=hdr.shape, layout=hdr.layout, payload=payload)

@@ -31,11 +31,15 @@ class DaemonHealth(health.HealthServicer):
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
               ) -> health_pb2.HealthCheckResponse:  # fmt: skip
         if not request.service.startswith(TIER_SERVICE):
-            return super().Check(request, context)
+            resp = super().Check(request, context)
+            if context.code() == grpc.StatusCode.NOT_FOUND:  # say which: the base class sets no message
+                context.set_details(f"no health service {request.service!r}")
+            return resp
         name = request.service[len(TIER_SERVICE) :]
         state = {lv.name: lv.available() for lv in self._store.levels}
         if name not in state:
             context.set_code(grpc.StatusCode.NOT_FOUND)
+            context.set_details(f"no tier {name!r} in this daemon")
             return health_pb2.HealthCheckResponse()
         ok = state[name]
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING if ok

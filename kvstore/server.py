@@ -24,6 +24,7 @@ from kvstore import auth
 from kvstore.config import StoreConfig
 from kvstore.dashboard import Dashboard
 from kvstore.health import DaemonHealth
+from kvstore.malformed import MalformedRequests
 from kvstore.metrics import StoreMetrics
 from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
 from kvstore.servicer import KVStoreServicer
@@ -68,6 +69,7 @@ class Daemon:
                         if cfg.stream and creds is None else None)  # fmt: skip
         self.health = DaemonHealth(self.store)  # SERVING even with a tier detached (see kvstore/health.py)
         checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []
+        checks.append(MalformedRequests())  # inside the auth check: bytes that are no message -> INVALID_ARGUMENT
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
                                   interceptors=checks)
         servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)

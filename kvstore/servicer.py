@@ -155,6 +155,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         _check_keys([s.key for s in specs])
         total = 0
         for i, s in enumerate(specs):
+            if s.size == 0:  # no block is empty: without this check a commit would validate None
+                raise _Abort(bad, f"block {i}: declared size 0")
             if s.size > min(self.cfg.max_block_bytes, self.store.max_block_bytes):
                 raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"block {i}: {s.size} bytes is over the block limit")
             total += s.size

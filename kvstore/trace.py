@@ -180,14 +180,18 @@ class TraceControl:
                 raise TraceError(f"a trace is already running (to {self._out}); stop it first")
             if out:
                 path = Path(out)
-                if not path.is_absolute():
+                if not path.is_absolute() or "\0" in out:
                     raise TraceError(f"trace file must be an absolute path on the daemon's host, got {out!r}")
             else:
                 path = self._default_dir / time.strftime("trace-%Y%m%d-%H%M%S.kvtrace", time.gmtime())
                 path.parent.mkdir(parents=True, exist_ok=True)
-            if path.exists():
+            try:  # a name too long, a parent that is a file...: refused here, not at stop
+                exists, parent_ok = path.exists(), path.parent.is_dir()
+            except OSError as e:
+                raise TraceError(f"cannot write a trace file at {out!r}: {e.strerror or e}") from None
+            if exists:
                 raise TraceError(f"trace file {path} already exists (a trace never replaces a file)")
-            if not path.parent.is_dir():
+            if not parent_ok:
                 raise TraceError(f"no directory {path.parent} for the trace file")
             self._rec = TraceRecorder(max_records or DEFAULT_MAX_RECORDS)
             self._out = path

@@ -1,0 +1,161 @@
+"""The soak's clients: streaming chat requests through the official ``openai`` client, with mixed
+prefix reuse and several tenants (``cache_salt``), each answer checked against a cold reference.
+
+Prompts: a few long system prompts (the shared prefixes), each with several questions; clients
+pick (tenant, prompt, replica) at random, so a prefix is reused within a tenant, across replicas
+(through the daemon) and never across tenants. The reference of a prompt is its greedy answer
+computed cold — on a replica, under a salt no other request uses, so neither the radix cache nor
+the daemon can hold any of its pages (its usage must show 0 cached tokens) — before any fault.
+Private prompts, each sent by one tenant only, are the cross-tenant probes: when another tenant
+sends one afterwards, its usage must show 0 cached tokens.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import openai
+
+TOPICS = ("the Harbor Museum of maritime history", "the Alpine railway timetable office", "a municipal water utility",
+          "a cooperative bakery and its suppliers", "a small observatory that runs night tours",
+          "a public library's archive of local newspapers")  # fmt: skip
+RULES = ("Answer in one short sentence.", "Never invent prices or opening hours.", "Name a concrete place when you can.",
+         "If you do not know, say so plainly.", "Prefer the metric system.", "Keep a calm, friendly tone.",
+         "Mention accessibility when it matters.", "Do not repeat the question back.")  # fmt: skip
+TENANTS = ["tenant-a", "tenant-b", "tenant-c"]
+QUESTIONS = ("What should a first-time visitor see?", "When is the quietest time to come?", "How do I get there by train?",
+             "Is there anything for children?", "What is the history of the place?", "Where can I eat nearby?")  # fmt: skip
+
+
+class Prompt(NamedTuple):
+    pid: str
+    messages: list[dict[str, str]]
+
+
+def system_prompt(i: int, words: int, rng: random.Random, tag: str = "") -> str:
+    """A long, distinct system prompt: its first words differ from every other's (so its first
+    page of KV does too)."""
+    head = f"{tag}Assistant {i} for {TOPICS[i % len(TOPICS)]}. "
+    body = []
+    while len(" ".join(body).split()) < words:
+        body.append(rng.choice(RULES))
+        body.append(f"Note {len(body)}: visitors often ask about {rng.choice(TOPICS)} and {rng.choice(QUESTIONS).lower()}")
+    return head + " ".join(body)
+
+
+def workload(systems: int, questions: int, words: int, seed: int) -> list[Prompt]:
+    rng = random.Random(seed)
+    out = []
+    for s in range(systems):
+        sys_text = system_prompt(s, words, rng)
+        for q in range(questions):
+            out.append(Prompt(f"s{s}q{q}", [{"role": "system", "content": sys_text},
+                                            {"role": "user", "content": QUESTIONS[q % len(QUESTIONS)]}]))  # fmt: skip
+    return out
+
+
+def private_prompt(owner: str, k: int, words: int, seed: int) -> Prompt:
+    rng = random.Random(f"{seed}-{owner}-{k}")
+    text = system_prompt(k, words, rng, tag=f"Private notebook {k} of {owner}. ")
+    return Prompt(f"private-{owner}-{k}", [{"role": "system", "content": text},
+                                           {"role": "user", "content": "Summarise my notebook."}])  # fmt: skip
+
+
+@dataclass
+class Answer:
+    pid: str
+    tenant: str
+    replica: str
+    text: str = ""
+    cached: int = -1
+    prompt_tokens: int = 0
+    error: str | None = None
+    t0: float = 0.0
+    t1: float = 0.0
+
+
+@dataclass
+class Load:
+    replicas: list[str]  # base URLs
+    model: str
+    max_tokens: int
+    clock: Callable[[], float] = time.monotonic
+    answers: list[Answer] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.clients = {b: openai.OpenAI(base_url=b + "/v1", api_key="soak", max_retries=0, timeout=180)
+                        for b in self.replicas}  # fmt: skip
+
+    def ask(self, prompt: Prompt, tenant: str, replica: str, keep: bool = True) -> Answer:
+        """One streamed chat completion; an exception of any kind is the answer's ``error``."""
+        a = Answer(prompt.pid, tenant, replica, t0=self.clock())
+        try:
+            stream = self.clients[replica].chat.completions.create(
+                model=self.model, messages=prompt.messages, max_tokens=self.max_tokens, temperature=0, stream=True,
+                stream_options={"include_usage": True}, extra_body={"cache_salt": tenant})  # fmt: skip
+            parts = []
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    parts.append(chunk.choices[0].delta.content)
+                if chunk.usage is not None:
+                    a.prompt_tokens = chunk.usage.prompt_tokens
+                    details = chunk.usage.prompt_tokens_details
+                    a.cached = details.cached_tokens if details is not None else 0
+            a.text = "".join(parts)
+            if a.cached < 0:
+                a.error = "stream ended without usage"
+        except Exception as e:  # noqa: BLE001 - every failure a client could see is counted
+            a.error = f"{type(e).__name__}: {e}"[:300]
+        a.t1 = self.clock()
+        if keep:
+            with self._lock:
+                self.answers.append(a)
+        return a
+
+    def references(self, prompts: list[Prompt], concurrency: int = 2, shift: int = 0) -> dict[str, Answer]:
+        """Each prompt once, cold: a salt of its own; prompt i on replica i + ``shift`` (round-robin)."""
+        jobs = [(p, self.replicas[(i + shift) % len(self.replicas)]) for i, p in enumerate(prompts)]
+        out: dict[str, Answer] = {}
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    if not jobs:
+                        return
+                    p, replica = jobs.pop(0)
+                a = self.ask(p, f"reference-{uuid.uuid4().hex}", replica, keep=False)
+                with lock:
+                    out[p.pid] = a
+
+        threads = [threading.Thread(target=worker) for _ in range(concurrency * len(self.replicas))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    def run(self, prompts: list[Prompt], tenants: list[str], clients: int, stop: threading.Event,
+            seed: int) -> None:  # fmt: skip
+        """``clients`` threads asking until ``stop``: a prompt by a skewed choice (hot prefixes
+        come back often), a tenant and a replica at random."""
+
+        def client(k: int) -> None:
+            rng = random.Random(seed * 100 + k)
+            weights = [1.0 / (1 + i // 3) for i in range(len(prompts))]
+            while not stop.is_set():
+                p = rng.choices(prompts, weights)[0]
+                self.ask(p, rng.choice(tenants), rng.choice(self.replicas))
+
+        threads = [threading.Thread(target=client, args=(k,), name=f"soak-client-{k}") for k in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
