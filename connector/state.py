@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from connector.attribution import DaemonView, attribute
 from connector.cost_model import Decision
+from connector.fetch import Fetch
 from engine.request import HookState, PromptUsage
 from kvstore.keys import BlockKey
 
@@ -20,6 +21,7 @@ class KVState(HookState):
     load_s: float = 0.0  # measured seconds of that load (0: nothing loaded)
     page_size: int = 0  # set when the connector looked at the request (0: it did not)
     view: DaemonView | None = None  # what the daemon said about the pages after the radix match
+    fetch: Fetch | None = None  # the load in flight while the request is LOADING (connector/fetch.py)
 
     def account(self, usage: PromptUsage) -> PromptUsage:
         """Usage names the tier that held most of the pages loaded (the cost model's decision),
