@@ -125,7 +125,7 @@ class KVConnector:
         start = req.num_computed // ps
         loadable = (req.num_tokens - 1) // ps  # leave at least one token to compute (its logits)
         st = self._state(req)
-        st.page_size, st.view, st.decision = ps, None, None
+        st.page_size, st.view, st.decision, st.view_page, st.last_loaded = ps, None, None, start, 0
         if loadable <= start:
             return None
         if not self._daemon_up():
@@ -195,6 +195,9 @@ class KVConnector:
             self.metrics.prediction_error.observe(abs(pred - res.seconds) / res.seconds)
         elif res.failure == "deadline":  # the whole plan would take longer than this: learn it
             self.cost.observe(plan.tiers, res.seconds)
+        st = self._state(req)
+        st.last_loaded = res.pages_ok
+        st.loaded_tiers += plan.tiers[: res.pages_ok]
         if res.pages_ok:
             self.known.add(plan.keys[: res.pages_ok])
             for t in plan.tiers[: res.pages_ok]:
@@ -223,9 +226,9 @@ class KVConnector:
     def start(self, req: Request, prefill_ahead: Sequence[tuple[int, int]], wake: Callable[[], None]) -> bool:
         """Prefetch: the lookup and decision go to the lookup worker at once."""
         st = self._state(req)
-        st.page_size, st.view, st.decision, st.load_s = self.page_size, None, None, 0.0
+        st.page_size = self.page_size
         if (req.num_tokens - 1) // self.page_size <= req.num_computed // self.page_size:
-            return False  # not one full page to look up
+            return False  # not one full page to look up (what an earlier lookup said still stands)
         if not self._daemon_up():
             st.view = UNAVAILABLE
             return False

@@ -175,7 +175,10 @@ def test_queued_requests_give_their_loaded_prefix_back_when_a_decode_needs_pages
                     break
                 eng.step()
             assert a.output_ids == want_long and [b.output_ids for b in bs] == wants
-            assert bs[0].cached_tokens == 7 * PS
+            assert eng.scheduler.num_preemptions == 0
+            for b in bs:  # loaded once and kept, or given back and matched again: counted as loaded
+                assert b.usage.loaded == b.cached_tokens == 7 * PS and b.usage.loaded_tier == "cpu"
+                assert {(p.reason, p.tier): p.pages for p in b.usage.pages} == {("loaded", "cpu"): 7, ("tail", None): 1}
             eng.radix.reset()
             assert eng.pool.allocator.num_free() == eng.pool.num_pages
             eng.pool.allocator.check_integrity()

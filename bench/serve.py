@@ -1,0 +1,173 @@
+"""``python -m bench.serve``: serving under load, through the OpenAI API only.
+
+    python -m bench.serve --out F.json [--quick] [--modes radix,daemon_cpu] [--slo 3.0]
+
+For each mode (bench/serve_modes.py: no cache, radix only, radix + a daemon whose one tier is cpu,
+disk, s3 or redis) a real ``kvengine serve`` runs the multi-round QA workload
+(bench/serve_workload.py) from a load generator that speaks only the OpenAI API
+(bench/serve_client.py). The engine's KV pool is sized so that the users' working set is at least
+4x what it holds: most turns find their conversation evicted from the radix tree, and only a
+daemon still has it. A first round, not measured, puts every user's context in the caches; then
+each sweep point sends one more round of every user, open-loop at one QPS, and the sweep stops at
+the first point whose TTFT p90 passes the SLO. Per mode: the figures at the first QPS (which every
+mode runs, so modes compare at the same load), and the highest QPS held within the SLO. RAG
+(documents drawn from a pool in varying order) runs one point per mode at the first QPS.
+
+Writes F.json (machine facts beside the figures, bench/serve_figures.py) and F.png (TTFT vs QPS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.e2e_support import machine_facts
+from bench.serve_client import Job, client, open_loop, send
+from bench.serve_figures import max_qps_at_slo, passes, point_stats, target_figures
+from bench.serve_modes import MODES, QUICK_MODES, EngineSpec, Server, mode_server
+from bench.serve_workload import QASpec, QAWorkload, RAGSpec, RAGWorkload, planned_qa_working_set
+
+log = logging.getLogger("bench.serve")
+PAGE = 16
+
+
+def _jobs_qa(srv: Server, wl: QAWorkload) -> list[Job]:
+    api = client(srv.port)
+
+    def job(user: int) -> Job:
+        async def go():
+            salt = uuid.uuid4().hex if srv.salted else None
+            rec = await send(api, srv.model, f"user{user}", wl.next_turn(user), wl.spec.answer_tokens, salt)
+            wl.answered(user, rec.text)
+            return rec
+        return go
+
+    return [job(u) for u in range(wl.spec.users)]
+
+
+def _jobs_rag(srv: Server, wl: RAGWorkload, n: int) -> list[Job]:
+    api = client(srv.port)
+
+    def job(i: int) -> Job:
+        msgs = wl.request()
+        salt = uuid.uuid4().hex if srv.salted else None
+        return lambda: send(api, srv.model, f"rag{i}", msgs, wl.spec.answer_tokens, salt)
+
+    return [job(i) for i in range(n)]
+
+
+async def _drive(srv: Server, qa: QASpec, rag: RAGSpec | None, tok, qps_list: list[float], slo: float) -> dict:
+    wl = QAWorkload(qa, tok)  # the same seed in every mode: the same conversations
+    recs, _ = await open_loop(_jobs_qa(srv, wl), 0, f"{srv.mode} first round")
+    out: dict[str, Any] = {"first_round_errors": sum(r.error is not None for r in recs)}
+    sweep = []
+    for q in qps_list:
+        recs, secs = await open_loop(_jobs_qa(srv, wl), q, f"{srv.mode} qps={q:g}")
+        sweep.append({"qps": q, **point_stats(recs, secs)})
+        if not passes(sweep[-1], slo):
+            break
+    out["sweep"] = sweep
+    out.update({k: v for k, v in sweep[0].items() if k != "qps"})
+    out["reference_qps"] = qps_list[0]
+    out["max_qps_at_slo"] = max_qps_at_slo(sweep, slo)
+    if rag is not None:
+        rwl = RAGWorkload(rag, tok)
+        await open_loop(_jobs_rag(srv, rwl, rag.requests), 0, f"{srv.mode} rag warm-up")
+        recs, secs = await open_loop(_jobs_rag(srv, rwl, rag.requests), qps_list[0], f"{srv.mode} rag")
+        out["rag"] = point_stats(recs, secs)
+    return out
+
+
+def _plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode, m in doc["modes"].items():
+        xs = [p["qps"] for p in m["sweep"]]
+        ax.plot(xs, [p["ttft_p90_s"] for p in m["sweep"]], marker="o", label=f"{mode} p90")
+        ax.plot(xs, [p["ttft_mean_s"] for p in m["sweep"]], linestyle=":", color=ax.lines[-1].get_color())
+    ax.axhline(doc["slo_ttft_p90_s"], color="grey", linestyle="--", label="SLO (p90)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (requests/s)")
+    ax.set_ylabel("TTFT (s): p90 solid, mean dotted")
+    ax.set_title(f"multi-round QA, working set {doc['working_set_over_pool']:.1f}x the KV pool")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="a short run sized for a 2-core machine")
+    ap.add_argument("--modes", default="", help=f"comma-separated subset of {','.join(MODES)}")
+    ap.add_argument("--slo", type=float, default=None, help="TTFT p90 SLO in seconds (default: 3 quick, 2 full)")
+    ap.add_argument("--qps", default="", help="comma-separated sweep (default: 0.5,1,2,4 quick)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of each engine")
+    ap.add_argument("--no-rag", action="store_true")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    modes = [m for m in a.modes.split(",") if m] or list(QUICK_MODES if a.quick else MODES)
+    if unknown := set(modes) - set(MODES):
+        ap.error(f"unknown modes {sorted(unknown)}")
+    qps = [float(x) for x in a.qps.split(",") if x] or ([0.5, 1, 2, 4] if a.quick else [0.25, 0.5, 1, 2, 4, 8])
+    slo = a.slo if a.slo is not None else (3.0 if a.quick else 2.0)
+    qa = QASpec(users=8, rounds=len(qps)) if a.quick else QASpec(users=16, context_tokens=768, rounds=len(qps))
+    rag = None if a.no_rag else (RAGSpec() if a.quick else RAGSpec(docs=12, doc_tokens=384, requests=24))
+    from transformers import AutoTokenizer
+
+    from engine.model_loader import hf_model_dir
+
+    tok = AutoTokenizer.from_pretrained(hf_model_dir(""))
+    working_set, largest = planned_qa_working_set(qa, tok)
+    num_pages = working_set // 4 // PAGE
+    if num_pages * PAGE < largest + 2 * PAGE:
+        ap.error(f"a pool of a quarter of the working set ({num_pages} pages) cannot hold one request")
+    spec = EngineSpec(num_pages=num_pages, threads=a.threads)
+    t0 = time.monotonic()
+    machine = machine_facts()
+    doc: dict[str, Any] = {"quick": a.quick, "slo_ttft_p90_s": slo, "qps_sweep": qps, "workload": vars(qa),
+                           "rag_workload": vars(rag) if rag else None, "engine": vars(spec),
+                           "pool_tokens": num_pages * PAGE, "working_set_tokens": working_set,
+                           "working_set_over_pool": working_set / (num_pages * PAGE), "modes": {}}
+    with tempfile.TemporaryDirectory(prefix="tierkv-serve-") as work:
+        for mode in modes:
+            t_mode = time.monotonic()
+            with mode_server(mode, spec, Path(work) / mode) as srv:
+                res = asyncio.run(_drive(srv, qa, rag, tok, qps, slo))
+            res["wall_s"] = time.monotonic() - t_mode
+            doc["modes"][mode] = res
+            log.info("%s: TTFT mean %.3fs p90 %.3fs at %g req/s, max %g req/s within the SLO (%.0fs)", mode,
+                     res["ttft_mean_s"], res["ttft_p90_s"], qps[0], res["max_qps_at_slo"], res["wall_s"])
+    machine["loadavg_end"] = list(os.getloadavg())
+    doc.update({"machine": machine, "wall_s": time.monotonic() - t0})
+    doc["targets"] = target_figures(doc)
+    if rag is not None and {"radix", "daemon_s3"} <= set(doc["modes"]):
+        r, s = doc["modes"]["radix"]["rag"]["ttft_p90_s"], doc["modes"]["daemon_s3"]["rag"]["ttft_p90_s"]
+        doc["rag_s3_ttft_p90_vs_radix"] = s / r if r and not math.isnan(r) else None
+    out = Path(a.out)
+    out.write_text(json.dumps(doc, indent=2, default=float))
+    _plot(doc, out.with_suffix(".png"))
+    summary = {m: {k: v[k] for k in ("ttft_mean_s", "ttft_p90_s", "itl_p99_s", "max_qps_at_slo", "finished_per_s")}
+               for m, v in doc["modes"].items()}
+    print(json.dumps({"modes": summary, "targets": doc["targets"], "wall_s": doc["wall_s"]}, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
