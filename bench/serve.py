@@ -11,7 +11,8 @@ daemon still has it. A first round, not measured, puts every user's context in t
 each sweep point sends one more round of every user, open-loop at one QPS, and the sweep stops at
 the first point whose TTFT p90 passes the SLO. Per mode: the figures at the first QPS (which every
 mode runs, so modes compare at the same load), and the highest QPS held within the SLO. RAG
-(documents drawn from a pool in varying order) runs one point per mode at the first QPS.
+(documents drawn from a pool in varying order) runs one point per mode at the first QPS (quick:
+radix and daemon_s3 only).
 
 Writes F.json (machine facts beside the figures, bench/serve_figures.py) and F.png (TTFT vs QPS).
 """
@@ -31,9 +32,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench.e2e_support import machine_facts
 from bench.serve_client import Job, client, open_loop, send
-from bench.serve_figures import max_qps_at_slo, passes, point_stats, target_figures
+from bench.serve_figures import max_qps_at_slo, passes, point_stats, scrape, target_figures
 from bench.serve_modes import MODES, QUICK_MODES, EngineSpec, Server, mode_server
 from bench.serve_workload import QASpec, QAWorkload, RAGSpec, RAGWorkload, planned_qa_working_set
 
@@ -41,7 +44,7 @@ log = logging.getLogger("bench.serve")
 PAGE = 16
 
 
-def _jobs_qa(srv: Server, wl: QAWorkload) -> list[Job]:
+def _jobs_qa(srv: Server, wl: QAWorkload, users: list[int]) -> list[Job]:
     api = client(srv.port)
 
     def job(user: int) -> Job:
@@ -52,7 +55,7 @@ def _jobs_qa(srv: Server, wl: QAWorkload) -> list[Job]:
             return rec
         return go
 
-    return [job(u) for u in range(wl.spec.users)]
+    return [job(u) for u in users]
 
 
 def _jobs_rag(srv: Server, wl: RAGWorkload, n: int) -> list[Job]:
@@ -66,13 +69,15 @@ def _jobs_rag(srv: Server, wl: RAGWorkload, n: int) -> list[Job]:
     return [job(i) for i in range(n)]
 
 
-async def _drive(srv: Server, qa: QASpec, rag: RAGSpec | None, tok, qps_list: list[float], slo: float) -> dict:
+async def _drive(srv: Server, qa: QASpec, per_point: int, rag: RAGSpec | None, tok, qps_list: list[float],
+                 slo: float) -> dict:
     wl = QAWorkload(qa, tok)  # the same seed in every mode: the same conversations
-    recs, _ = await open_loop(_jobs_qa(srv, wl), 0, f"{srv.mode} first round")
+    recs, _ = await open_loop(_jobs_qa(srv, wl, list(range(qa.users))), 0, f"{srv.mode} first round")
     out: dict[str, Any] = {"first_round_errors": sum(r.error is not None for r in recs)}
     sweep = []
-    for q in qps_list:
-        recs, secs = await open_loop(_jobs_qa(srv, wl), q, f"{srv.mode} qps={q:g}")
+    for k, q in enumerate(qps_list):  # the users take turns: point k asks the next ``per_point`` of them
+        users = [(k * per_point + i) % qa.users for i in range(per_point)]
+        recs, secs = await open_loop(_jobs_qa(srv, wl, users), q, f"{srv.mode} qps={q:g}")
         sweep.append({"qps": q, **point_stats(recs, secs)})
         if not passes(sweep[-1], slo):
             break
@@ -80,6 +85,7 @@ async def _drive(srv: Server, qa: QASpec, rag: RAGSpec | None, tok, qps_list: li
     out.update({k: v for k, v in sweep[0].items() if k != "qps"})
     out["reference_qps"] = qps_list[0]
     out["max_qps_at_slo"] = max_qps_at_slo(sweep, slo)
+    out["server_metrics"] = scrape(httpx.get(f"http://127.0.0.1:{srv.port}/metrics", timeout=30).text)
     if rag is not None:
         rwl = RAGWorkload(rag, tok)
         await open_loop(_jobs_rag(srv, rwl, rag.requests), 0, f"{srv.mode} rag warm-up")
@@ -120,15 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qps", default="", help="comma-separated sweep (default: 0.5,1,2,4 quick)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each engine")
     ap.add_argument("--no-rag", action="store_true")
+    ap.add_argument("--keep", default="", help="keep each mode's logs (engine, daemon) under this directory")
+    ap.add_argument("--verbose-engines", action="store_true", help="debug logs in the engines (with --keep)")
     a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)  # the HTTP clients log every request at INFO
     modes = [m for m in a.modes.split(",") if m] or list(QUICK_MODES if a.quick else MODES)
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}")
     qps = [float(x) for x in a.qps.split(",") if x] or ([0.5, 1, 2, 4] if a.quick else [0.25, 0.5, 1, 2, 4, 8])
     slo = a.slo if a.slo is not None else (3.0 if a.quick else 2.0)
-    qa = QASpec(users=8, rounds=len(qps)) if a.quick else QASpec(users=16, context_tokens=768, rounds=len(qps))
-    rag = None if a.no_rag else (RAGSpec() if a.quick else RAGSpec(docs=12, doc_tokens=384, requests=24))
+    users, per_point = (16, 8) if a.quick else (32, 16)
+    qa = QASpec(users=users, context_tokens=320 if a.quick else 640, rounds=-(-len(qps) * per_point // users))
+    rag = None if a.no_rag else (RAGSpec(doc_tokens=192, requests=8) if a.quick else
+                                 RAGSpec(docs=12, doc_tokens=384, requests=24))
+    rag_modes = ("radix", "daemon_s3") if a.quick else MODES  # quick: the pair the issue compares
     from transformers import AutoTokenizer
 
     from engine.model_loader import hf_model_dir
@@ -142,14 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     machine = machine_facts()
     doc: dict[str, Any] = {"quick": a.quick, "slo_ttft_p90_s": slo, "qps_sweep": qps, "workload": vars(qa),
+                           "requests_per_point": per_point,
                            "rag_workload": vars(rag) if rag else None, "engine": vars(spec),
                            "pool_tokens": num_pages * PAGE, "working_set_tokens": working_set,
                            "working_set_over_pool": working_set / (num_pages * PAGE), "modes": {}}
-    with tempfile.TemporaryDirectory(prefix="tierkv-serve-") as work:
+    with tempfile.TemporaryDirectory(prefix="tierkv-serve-") as tmp:
+        work = Path(a.keep or tmp)
         for mode in modes:
             t_mode = time.monotonic()
-            with mode_server(mode, spec, Path(work) / mode) as srv:
-                res = asyncio.run(_drive(srv, qa, rag, tok, qps, slo))
+            with mode_server(mode, spec, work / mode, verbose=a.verbose_engines) as srv:
+                res = asyncio.run(_drive(srv, qa, per_point, rag if mode in rag_modes else None, tok, qps, slo))
             res["wall_s"] = time.monotonic() - t_mode
             doc["modes"][mode] = res
             log.info("%s: TTFT mean %.3fs p90 %.3fs at %g req/s, max %g req/s within the SLO (%.0fs)", mode,

@@ -27,6 +27,27 @@ TARGETS = {
 }
 
 
+#: the server's own counters kept beside the figures (decisions and their inputs, loads, preemptions)
+SCRAPED = ("tierkv_connector_decisions_total", "tierkv_connector_load_failures_total",
+           "tierkv_connector_fetches_total", "tierkv_connector_load_aware_changes_total",
+           "tierkv_connector_lookups_total", "tierkv_connector_decision_transfer_wait_seconds_sum",
+           "tierkv_connector_decision_prefill_wait_seconds_sum", "tierkv_connector_loading_seconds_sum",
+           "tierkv_connector_loading_seconds_count", "tierkv_engine_preemptions", "tierkv_engine_prompt_pages_total")
+
+
+def scrape(text: str, names: Iterable[str] = SCRAPED) -> dict[str, float]:
+    """``name{labels}`` -> value of the Prometheus samples named in ``names`` (zeros left out)."""
+    wanted = set(names)
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        sample, _, value = line.rpartition(" ")
+        if sample.split("{", 1)[0] in wanted and float(value):
+            out[sample] = float(value)
+    return out
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else math.nan
 

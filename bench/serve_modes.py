@@ -95,8 +95,9 @@ def _wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout_s: float) 
 
 
 @contextlib.contextmanager
-def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.0) -> Iterator[Server]:
-    """``kvengine serve`` for ``mode`` (with its daemon), ready to answer."""
+def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.0,
+                verbose: bool = False) -> Iterator[Server]:
+    """``kvengine serve`` for ``mode`` (with its daemon), ready to answer (``verbose``: debug logs)."""
     work.mkdir(parents=True, exist_ok=True)
     with _daemon(mode, work / "daemon") as address:
         port = free_port()
@@ -106,6 +107,8 @@ def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.
                 "--threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs)]
         if address is not None:
             argv += ["--kvstore", address]
+        if verbose:
+            argv.append("-v")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(spec.threads))
         with open(log, "w") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -39,6 +39,9 @@ from kvstore.retry import Retry
 
 log = logging.getLogger(__name__)
 
+EXPLORE_PAGES = 2  # pages an exploring decision loads
+EXPLORE_EVERY = 32  # a measured tier is explored again once in this many bypasses
+
 
 class LoadPlan(NamedTuple):
     """Which daemon blocks one request will load, decided before any page is taken."""
@@ -64,6 +67,7 @@ class KVConnector:
         # the lookup worker's own client: a transfer (self.loader, on its worker) sets its deadlines
         self._lookup_client = KVStoreClient(config.address, deadline_s=config.lookup_deadline_s, retry=one_try,
                                             use_shm=False)
+        self._bypassed: dict[str, int] = {}  # bypass decisions per tier (the lookup worker's)
         self.fetcher = Fetcher(self.plan_load, self.load, self.deadline_s, self.metrics, self.page_size,
                                self.pool.bytes_per_page)
         self._save_client = KVStoreClient(config.address, deadline_s=config.offload_deadline_s,
@@ -157,15 +161,26 @@ class KVConnector:
         return LoadPlan(keys[: d.pages], tiers[: d.pages], d)
 
     def _decide(self, req: Request, tiers: list[str | None], load: EngineLoad) -> Decision:
-        """The load-aware decision, with its inputs and what the load changed counted on /metrics."""
+        """The load-aware decision, with its inputs and what the load changed counted on /metrics.
+
+        Exploration: a tier the model would bypass is loaded a little anyway (``EXPLORE_PAGES``)
+        while no real load ever measured it (its model is the start-up probe's, which a busy moment
+        can make look far too slow), and then once in ``EXPLORE_EVERY`` bypasses (it may have got
+        faster since): otherwise a tier once judged slow is never measured again."""
         d = self.cost.decide_under_load(req.num_computed, req.num_tokens, tiers, load)
+        idle = self.cost.decide(req.num_computed, req.num_tokens, tiers)
         m = self.metrics
+        if idle.pages != d.pages:
+            m.load_changed.labels(idle.outcome, d.outcome).inc()
+        elif d.pages == 0 and self.cfg.load_mode == "auto":  # the tier itself looks slower than recompute
+            first = tiers[0] or "?"
+            seen = self._bypassed.get(first, 0)
+            self._bypassed[first] = seen + 1
+            if not self.cost.tier(first).measured or seen % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+                d = self.cost.explore(req.num_computed, req.num_tokens, tiers, load, EXPLORE_PAGES)
         m.decisions.labels(d.tier, d.outcome).inc()
         m.decision_transfer_wait.observe(self.cost.transfer_wait_s(load.inflight_bytes))
         m.decision_prefill_wait.observe(d.prefill_wait_s)
-        idle = self.cost.decide(req.num_computed, req.num_tokens, tiers)
-        if idle.pages != d.pages:
-            m.load_changed.labels(idle.outcome, d.outcome).inc()
         return d
 
     def deadline_s(self, d: Decision) -> float:
@@ -184,7 +199,10 @@ class KVConnector:
         self.metrics.load_seconds.observe(res.seconds)
         if res.failure:
             self.metrics.load_failures.labels(res.failure).inc()
-            if res.failure == "unavailable" or (res.failure == "deadline" and res.pages_ok == 0):
+            # nothing arrived within a full deadline: the daemon hangs (a deadline mostly spent
+            # queueing for the stream says nothing about the daemon)
+            hung = res.failure == "deadline" and res.pages_ok == 0 and deadline_s >= self.cfg.load_deadline_min_s
+            if res.failure == "unavailable" or hung:
                 self._mark_down(res.failure)
             elif res.failure in ("checksum", "missing"):
                 self._forget(plan.keys[res.pages_ok:], corrupt=plan.keys[res.pages_ok] if res.failure == "checksum"

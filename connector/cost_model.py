@@ -125,7 +125,7 @@ class TierModel:
 
 class Decision(NamedTuple):
     pages: int  # pages to load (a prefix of what the daemon holds)
-    outcome: str  # load_all | load_partial | recompute
+    outcome: str  # load_all | load_partial | recompute | explore
     tier: str  # tier holding most of the pages considered
     predicted_load_s: float  # for ``pages``
     predicted_compute_s: float  # prefill of what is left after loading ``pages``
@@ -238,28 +238,38 @@ class CostModel:
     def decide_under_load(self, cached_tokens: int, total_tokens: int, tiers: Sequence[str | None],
                           load: EngineLoad) -> Decision:
         """``decide`` with the transfers in flight and the prefill queued ahead priced in (module doc)."""
-        ps = self.page_size
         avail = len(tiers)
-        wait = self.transfer_wait_s(load.inflight_bytes)
-        queued = self.prefill_wait_s(load.prefill_ahead)
-        recompute = queued + self.prefill.predict(total_tokens - cached_tokens, cached_tokens)
-        best_k, best_t, best_load = 0, recompute, 0.0
         if self.load_mode == "always":
-            candidates = [avail]
+            candidates: Sequence[int] = [avail]
         elif self.load_mode == "never":
             candidates = []
         else:
             candidates = range(1, avail + 1)
+        best = self._option(cached_tokens, total_tokens, tiers, load, 0)
         for k in candidates:
-            load_s = self.load_time(tiers[:k])
-            ctx = cached_tokens + k * ps
-            total = max(wait + load_s, queued) + self.prefill.predict(total_tokens - ctx, ctx)
-            if total < best_t or self.load_mode == "always":
-                best_k, best_t, best_load = k, total, load_s
-        outcome = "recompute" if best_k == 0 else ("load_all" if best_k == avail else "load_partial")
+            opt = self._option(cached_tokens, total_tokens, tiers, load, k)
+            if opt.predicted_total_s < best.predicted_total_s or self.load_mode == "always":
+                best = opt
+        return best
+
+    def explore(self, cached_tokens: int, total_tokens: int, tiers: Sequence[str | None], load: EngineLoad,
+                pages: int) -> Decision:
+        """Load the first ``pages`` whatever they cost (outcome ``explore``): a small load that
+        measures a tier the model would otherwise bypass on an estimate no load ever confirmed."""
+        return self._option(cached_tokens, total_tokens, tiers, load, min(pages, len(tiers)))._replace(outcome="explore")
+
+    def _option(self, cached_tokens: int, total_tokens: int, tiers: Sequence[str | None], load: EngineLoad,
+                k: int) -> Decision:
+        """What loading the first ``k`` of ``tiers`` and computing the rest is predicted to take."""
+        wait = self.transfer_wait_s(load.inflight_bytes) if k else 0.0
+        queued = self.prefill_wait_s(load.prefill_ahead)
+        recompute = queued + self.prefill.predict(total_tokens - cached_tokens, cached_tokens)
+        load_s = self.load_time(tiers[:k])
+        ctx = cached_tokens + k * self.page_size
+        compute = max(wait + load_s, queued) - wait - load_s + self.prefill.predict(total_tokens - ctx, ctx)
+        outcome = "recompute" if k == 0 else ("load_all" if k == len(tiers) else "load_partial")
         counts: dict[str, int] = {}
-        for t in tiers[: best_k or avail]:
+        for t in tiers[: k or len(tiers)]:
             counts[t or "?"] = counts.get(t or "?", 0) + 1
         tier = max(counts, key=lambda t: counts[t]) if counts else "none"
-        waited = wait if best_k else 0.0
-        return Decision(best_k, outcome, tier, best_load, best_t - best_load - waited, recompute, waited, queued)
+        return Decision(k, outcome, tier, load_s, compute if k else recompute, recompute, wait, queued)

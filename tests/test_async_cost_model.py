@@ -58,10 +58,11 @@ def test_prefill_queue_is_priced_with_the_online_correction() -> None:
     assert m.prefill_wait_s([(700, 100)]) == pytest.approx(2.0 * PrefillModel(*PREFILL).fitted_step([(700, 100)]))
 
 
-def _attach(eng, address: str, cpu_bw: float):
+def _attach(eng, address: str, cpu_bw: float, measured: bool = True):
     conn = attach(eng, address, load_mode="auto", prefill_coeffs=PREFILL, prefill_learn=False,
                   load_deadline_min_s=60.0)
     conn.cost.seed("cpu", 0.001, cpu_bw)
+    conn.cost.tier("cpu").measured = int(measured)  # as if a real load had measured it: no exploring
     return conn
 
 
@@ -112,5 +113,46 @@ def test_a_long_prefill_running_makes_a_slow_load_worth_it(tiny, tmp_path: Path)
             assert b.cached_tokens == 7 * PS and b.output_ids == want
             assert conn.metrics.value("tierkv_connector_load_aware_changes_total", idle="recompute",
                                       outcome="load_all") == 1
+        finally:
+            detach(eng)
+
+
+def test_a_tier_no_load_ever_measured_is_explored_then_trusted(tiny, tmp_path: Path) -> None:
+    """A start-up probe taken at a bad moment says the tier is 100x too slow: the first request
+    loads two pages anyway, the measurement replaces the probe's figure, the next one loads all."""
+    ids = prompt(120, seed=74)
+    with inproc_daemon(tmp_path) as d:
+        eng = engine(tiny)
+        conn = _attach(eng, d.address, cpu_bw=1e4, measured=False)  # 7 pages: 5.7 s, against 0.13 s
+        try:
+            want = in_daemon_only(eng, conn, ids)
+            first = run(eng, ids)
+            assert first.kv.decision.outcome == "explore" and first.cached_tokens == 2 * PS
+            assert first.output_ids == want
+            assert conn.cost.tier("cpu").measured == 1 and conn.cost.tier("cpu").bandwidth > 1e6
+            eng.radix.reset()
+            second = run(eng, ids)
+            assert second.kv.decision.outcome == "load_all" and second.output_ids == want
+            assert conn.metrics.value("tierkv_connector_decisions_total", tier="cpu", outcome="explore") == 1
+        finally:
+            detach(eng)
+
+
+def test_a_measured_slow_tier_is_explored_once_in_32_bypasses(tiny, tmp_path: Path) -> None:
+    from connector.connector import EXPLORE_EVERY
+    from engine.request import Request
+
+    with inproc_daemon(tmp_path) as d:
+        eng = engine(tiny)
+        conn = _attach(eng, d.address, cpu_bw=1e4)
+        try:
+            req = Request("r", prompt(120, seed=75), SamplingParams())
+            outcomes = [conn._decide(req, ["cpu"] * 7, IDLE).outcome for _ in range(2 * EXPLORE_EVERY)]
+            assert outcomes.count("explore") == 2 and outcomes.count("recompute") == 2 * EXPLORE_EVERY - 2
+            assert outcomes[EXPLORE_EVERY - 1] == "explore"
+            busy = EngineLoad({"cpu": 64 * PAGE}, ())  # bypassed because of the load, not the tier: no exploring
+            conn.cost.seed("cpu", 0.001, 1e6)
+            conn.cost.tier("cpu").measured = 1
+            assert {conn._decide(req, ["cpu"] * 7, busy).outcome for _ in range(2 * EXPLORE_EVERY)} == {"recompute"}
         finally:
             detach(eng)
