@@ -241,16 +241,22 @@ class KVConnector:
         st.load_s = seconds
 
     # -- the loading hook (engine thread; the moves are connector/fetch.py's) -----------------
-    def start(self, req: Request, prefill_ahead: Sequence[tuple[int, int]], wake: Callable[[], None]) -> bool:
-        """Prefetch: the lookup and decision go to the lookup worker at once."""
+    def start(self, req: Request, pages: PageSource, prefill_ahead: Sequence[tuple[int, int]],
+              wake: Callable[[], None]) -> bool:
+        """Prefetch: the lookup and decision go to the lookup worker at once. Pages for the leading
+        keys this connector knows the daemon holds (it sent or loaded them) are taken now, so that
+        the transfer can follow the lookup without waiting for a step to end."""
         st = self._state(req)
-        st.page_size = self.page_size
-        if (req.num_tokens - 1) // self.page_size <= req.num_computed // self.page_size:
+        ps = st.page_size = self.page_size
+        start, loadable = req.num_computed // ps, (req.num_tokens - 1) // ps
+        if loadable <= start:
             return False  # not one full page to look up (what an earlier lookup said still stands)
         if not self._daemon_up():
             st.view = UNAVAILABLE
             return False
-        st.fetch = self.fetcher.start(req, tuple(prefill_ahead), wake)
+        keys = self._keys(req, loadable)[start:]
+        known = next((i for i, k in enumerate(keys) if k not in self.known), len(keys))
+        st.fetch = self.fetcher.start(req, tuple(prefill_ahead), wake, (pages.alloc(known) or []) if known else [])
         return True
 
     def poll(self, req: Request, pages: PageSource) -> LoadPoll:

@@ -1,9 +1,13 @@
 """One request's load, off the engine thread, in three moves (the connector decides what they do).
 
   1. lookup + cost-model decision, on the lookup worker (``KVConnector.plan_load``);
-  2. pages for the plan, on the engine thread, in the hook's poll (the allocator and the radix tree
-     are not thread-safe); when the pool is short, retried every step until the load's deadline;
-  3. transfer, verify and write into those pages, on the transfer worker (``KVConnector.load``).
+  2. pages for the plan, on the engine thread (the allocator and the radix tree are not
+     thread-safe): taken at the start for the pages the connector knows the daemon holds, and if
+     the plan needs more, in the next poll; when the pool is short, retried every step until the
+     load's deadline;
+  3. transfer, verify and write into those pages, on the transfer worker (``KVConnector.load``);
+     when the pages taken at the start suffice, the lookup move queues it at once (no step has to
+     end in between).
 
 The request waits in LOADING throughout (engine/admission.py). A cancelled fetch (its request
 went away) skips the moves it has not begun; pages handed to a transfer come back only in the
@@ -45,6 +49,7 @@ class Fetch:
         self.wake = wake  # tells the engine thread a poll has news (engine/admission.py)
         self.since = time.monotonic()
         self.future: Future | None = None  # the move running on a worker (None: the engine thread's turn)
+        self.next: Future | None = None  # the transfer the lookup move queued itself (pages sufficed)
         self.plan: LoadPlan | None = None  # set by the lookup move (None: nothing worth loading)
         self.transferring = False  # the transfer move was handed ``pages``
         self.pages: list[int] = []  # taken for the transfer; the scheduler's again once it is done
@@ -76,8 +81,11 @@ class Fetcher:
                 self.metrics.inflight_bytes.labels(t).set(n)
 
     # -- engine thread ------------------------------------------------------------------------
-    def start(self, req: Request, prefill_ahead: tuple[tuple[int, int], ...], wake: Callable[[], None]) -> Fetch:
+    def start(self, req: Request, prefill_ahead: tuple[tuple[int, int], ...], wake: Callable[[], None],
+              pages: list[int]) -> Fetch:
+        """``pages``: taken for the transfer already (the scheduler's again in the extension)."""
         f = Fetch(wake)
+        f.pages = pages
         f.future = self._lookups.submit(self._lookup_move, req, f, prefill_ahead)
         self.metrics.loads_inflight.inc()
         return f
@@ -86,22 +94,31 @@ class Fetcher:
         if f.future is not None:
             if not f.future.done():
                 return PENDING
-            err, f.future = f.future.exception(), None
+            err, f.future, f.next = f.future.exception(), f.next, None
             if err is not None:
                 log.error("%s: load failed unexpectedly: %r", req.rid, err)
                 return self._done(f)
+            if f.future is not None:  # the lookup move queued the transfer itself
+                return PENDING
         if f.transferring or f.plan is None or f.cancelled:
             return self._done(f)
-        fresh = pages.alloc(len(f.plan.keys))
+        need = len(f.plan.keys) - len(f.pages)
+        fresh = pages.alloc(need)
         if fresh is None:  # the pool is short now: again next step, until the deadline
             if time.monotonic() < f.deadline_at:
                 return PENDING
             self.metrics.load_failures.labels("no_pages").inc()
             return self._done(f)
-        f.pages, f.transferring = fresh, True
-        self._count(f.plan, +1)
-        f.future = self._transfers.submit(self._transfer_move, req, f)
+        f.pages += fresh
+        self._queue_transfer(req, f)
+        f.future, f.next = f.next, None
         return PENDING
+
+    def _queue_transfer(self, req: Request, f: Fetch) -> None:
+        assert f.plan is not None
+        f.transferring = True
+        self._count(f.plan, +1)
+        f.next = self._transfers.submit(self._transfer_move, req, f)
 
     def cancel(self, f: Fetch) -> None:
         if not f.cancelled:
@@ -124,6 +141,8 @@ class Fetcher:
                 f.plan = self._plan(req, prefill_ahead)
                 if f.plan is not None:
                     f.deadline_at = time.monotonic() + self._deadline_s(f.plan.decision)
+                    if len(f.pages) >= len(f.plan.keys):
+                        self._queue_transfer(req, f)  # before this move ends: poll then adopts it
         finally:
             f.wake()
 

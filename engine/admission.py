@@ -145,7 +145,7 @@ class Admitter:
         assert rec is not None
         while rec.next_hook < self._n_loading:
             hook = self._hooks[rec.next_hook]
-            if hook.start(req, self._prefill_ahead(req), self.wake.set):  # type: ignore[union-attr]
+            if hook.start(req, self, self._prefill_ahead(req), self.wake.set):  # type: ignore[union-attr]
                 req.status = Status.LOADING
                 rec.loading_since = time.monotonic()
                 self.loading.append(req)

@@ -15,8 +15,8 @@ A *loading* hook (``LoadingHook``: the KV connector) fetches off the engine thre
 scheduler asks it to ``start`` as soon as a request is queued (prefetch), polls it once per step on
 the engine thread (``poll``: pending, or done with the extension to apply) and tells it when the
 request goes away (``cancel``). Pages for the fetch are still taken from the ``PageSource``, on the
-engine thread, inside ``poll``; they belong to the hook's worker until a poll reports done, and
-then come back in the extension, to be applied or freed by the scheduler. Loading hooks run before
+engine thread, in ``start`` or ``poll``; they belong to the hook's worker until a poll reports done,
+and then come back in the extension, to be applied or freed by the scheduler. Loading hooks run before
 the plain ones (which propose at admission, once the loads are in).
 
 The order of hooks is set by the composition root (connector/wiring.py), not here.
@@ -82,14 +82,16 @@ NOTHING = LoadPoll(True)
 class LoadingHook(Protocol):
     """An admission hook whose KV arrives off the engine thread (the request waits in LOADING)."""
 
-    def start(self, req: Request, prefill_ahead: Sequence[tuple[int, int]], wake: Callable[[], None]) -> bool:
+    def start(self, req: Request, pages: PageSource, prefill_ahead: Sequence[tuple[int, int]],
+              wake: Callable[[], None]) -> bool:
         """Begin fetching KV past ``req.num_computed`` (engine thread, returns at once); True if a
         fetch is in flight. ``prefill_ahead``: (tokens to feed, tokens cached) of each prefill queued
         ahead of this request; ``wake`` is called from the worker when the next poll has news."""
 
     def poll(self, req: Request, pages: PageSource) -> LoadPoll:
         """Engine thread: PENDING, or done with the extension to apply. Pages taken from ``pages``
-        here are the worker's until the poll that reports done returns them in the extension."""
+        here or in ``start`` are the worker's until the poll that reports done returns them (all of
+        them) in the extension."""
 
     def cancel(self, req: Request) -> None:
         """The request is gone: stop early. Polls go on until one reports done (with the pages)."""

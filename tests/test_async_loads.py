@@ -44,11 +44,44 @@ def test_prefetch_starts_at_queue_time(tiny, tmp_path: Path) -> None:
             detach(eng)
 
 
+def test_known_pages_are_taken_at_queue_time_and_the_transfer_follows_the_lookup(tiny, tmp_path: Path) -> None:
+    """Keys the connector knows the daemon holds (it sent them) get their pages when the request is
+    queued: the transfer starts with no engine step at all. Unknown keys wait for a step's poll."""
+    with inproc_daemon(tmp_path) as d:
+        eng = engine(tiny)
+        conn = attach(eng, d.address, load_deadline_min_s=600.0)
+        try:
+            want = in_daemon_only(eng, conn, B_IDS)
+            held = conn.loader = HeldLoader(conn.loader, at=0)
+            req = _add(eng, B_IDS)
+            assert len(req.kv.fetch.pages) == 7
+            assert held.entered.wait(30)  # lookup, then transfer: no step taken
+            held.gate.set()
+            while not req.finished:
+                eng.step()
+            assert req.output_ids == want and req.cached_tokens == 7 * PS
+            eng.radix.reset()
+            conn.known.discard(conn.keyspace.keys(B_IDS, None))
+            held = conn.loader = HeldLoader(conn.loader, at=0)
+            req = _add(eng, B_IDS)
+            assert req.kv.fetch.pages == []
+            assert eng.wake.wait(30)  # the lookup is done; its pages are taken in the next step's poll
+            assert not held.entered.is_set()
+            while not held.entered.is_set():
+                eng.step()
+            held.gate.set()
+            while not req.finished:
+                eng.step()
+            assert req.output_ids == want and req.cached_tokens == 7 * PS
+        finally:
+            detach(eng)
+
+
 def test_a_held_load_does_not_delay_another_requests_decode_steps(tiny, tmp_path: Path) -> None:
     other = prompt(40, seed=42)
     with inproc_daemon(tmp_path) as d:
         eng = engine(tiny)
-        conn = attach(eng, d.address)
+        conn = attach(eng, d.address, load_deadline_min_s=600.0)  # held, never timed out
         try:
             want = in_daemon_only(eng, conn, B_IDS)
             want_other = run(eng, other, max_tokens=12).output_ids
@@ -96,7 +129,7 @@ def test_an_aborted_load_leaks_no_page_and_writes_into_no_page_of_anyone_else(ti
     other = prompt(100, seed=43)
     with inproc_daemon(tmp_path) as d:
         eng = engine(tiny, num_pages=32)
-        conn = attach(eng, d.address)
+        conn = attach(eng, d.address, load_deadline_min_s=600.0)  # held, never timed out
         alloc = eng.pool.allocator
         try:
             in_daemon_only(eng, conn, B_IDS)
