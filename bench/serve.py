@@ -8,11 +8,12 @@ disk, s3 or redis) a real ``kvengine serve`` runs the multi-round QA workload
 (bench/serve_client.py). The engine's KV pool is sized so that the users' working set is at least
 4x what it holds: most turns find their conversation evicted from the radix tree, and only a
 daemon still has it. A first round, not measured, puts every user's context in the caches; then
-each sweep point sends one more round of every user, open-loop at one QPS, and the sweep stops at
-the first point whose TTFT p90 passes the SLO. Per mode: the figures at the first QPS (which every
-mode runs, so modes compare at the same load), and the highest QPS held within the SLO. RAG
-(documents drawn from a pool in varying order) runs one point per mode at the first QPS (quick:
-radix and daemon_s3 only).
+each sweep point sends the next turn of half the users, open-loop at one QPS, and a mode leaves
+the sweep at its first point whose TTFT p90 is over the SLO. All the modes' servers run at once
+and take turns point by point (bench/serve_drive.py), so load from elsewhere on a shared machine
+falls on every mode alike. Per mode: the figures at the first QPS (which every mode runs, so modes
+compare at the same load), and the highest QPS held within the SLO. RAG (documents drawn from a
+pool in varying order) runs one point per mode at the first QPS (quick: radix and daemon_s3 only).
 
 Writes F.json (machine facts beside the figures, bench/serve_figures.py) and F.png (TTFT vs QPS).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -28,70 +30,17 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.e2e_support import machine_facts
-from bench.serve_client import Job, client, open_loop, send
-from bench.serve_figures import max_qps_at_slo, passes, point_stats, scrape, target_figures
-from bench.serve_modes import MODES, QUICK_MODES, EngineSpec, Server, mode_server
-from bench.serve_workload import QASpec, QAWorkload, RAGSpec, RAGWorkload, planned_qa_working_set
+from bench.serve_drive import Plan, run_all
+from bench.serve_figures import target_figures
+from bench.serve_modes import MODES, QUICK_MODES, EngineSpec, mode_server
+from bench.serve_workload import QASpec, RAGSpec, planned_qa_working_set
 
 log = logging.getLogger("bench.serve")
 PAGE = 16
-
-
-def _jobs_qa(srv: Server, wl: QAWorkload, users: list[int]) -> list[Job]:
-    api = client(srv.port)
-
-    def job(user: int) -> Job:
-        async def go():
-            salt = uuid.uuid4().hex if srv.salted else None
-            rec = await send(api, srv.model, f"user{user}", wl.next_turn(user), wl.spec.answer_tokens, salt)
-            wl.answered(user, rec.text)
-            return rec
-        return go
-
-    return [job(u) for u in users]
-
-
-def _jobs_rag(srv: Server, wl: RAGWorkload, n: int) -> list[Job]:
-    api = client(srv.port)
-
-    def job(i: int) -> Job:
-        msgs = wl.request()
-        salt = uuid.uuid4().hex if srv.salted else None
-        return lambda: send(api, srv.model, f"rag{i}", msgs, wl.spec.answer_tokens, salt)
-
-    return [job(i) for i in range(n)]
-
-
-async def _drive(srv: Server, qa: QASpec, per_point: int, rag: RAGSpec | None, tok, qps_list: list[float],
-                 slo: float) -> dict:
-    wl = QAWorkload(qa, tok)  # the same seed in every mode: the same conversations
-    recs, _ = await open_loop(_jobs_qa(srv, wl, list(range(qa.users))), 0, f"{srv.mode} first round")
-    out: dict[str, Any] = {"first_round_errors": sum(r.error is not None for r in recs)}
-    sweep = []
-    for k, q in enumerate(qps_list):  # the users take turns: point k asks the next ``per_point`` of them
-        users = [(k * per_point + i) % qa.users for i in range(per_point)]
-        recs, secs = await open_loop(_jobs_qa(srv, wl, users), q, f"{srv.mode} qps={q:g}")
-        sweep.append({"qps": q, **point_stats(recs, secs)})
-        if not passes(sweep[-1], slo):
-            break
-    out["sweep"] = sweep
-    out.update({k: v for k, v in sweep[0].items() if k != "qps"})
-    out["reference_qps"] = qps_list[0]
-    out["max_qps_at_slo"] = max_qps_at_slo(sweep, slo)
-    out["server_metrics"] = scrape(httpx.get(f"http://127.0.0.1:{srv.port}/metrics", timeout=30).text)
-    if rag is not None:
-        rwl = RAGWorkload(rag, tok)
-        await open_loop(_jobs_rag(srv, rwl, rag.requests), 0, f"{srv.mode} rag warm-up")
-        recs, secs = await open_loop(_jobs_rag(srv, rwl, rag.requests), qps_list[0], f"{srv.mode} rag")
-        out["rag"] = point_stats(recs, secs)
-    return out
 
 
 def _plot(doc: dict, path: Path) -> None:
@@ -137,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     qps = [float(x) for x in a.qps.split(",") if x] or ([0.5, 1, 2, 4] if a.quick else [0.25, 0.5, 1, 2, 4, 8])
     slo = a.slo if a.slo is not None else (3.0 if a.quick else 2.0)
     users, per_point = (16, 8) if a.quick else (32, 16)
-    qa = QASpec(users=users, context_tokens=320 if a.quick else 640, rounds=-(-len(qps) * per_point // users))
+    qa = QASpec(users=users, context_tokens=640 if a.quick else 960, rounds=-(-len(qps) * per_point // users))
     rag = None if a.no_rag else (RAGSpec(doc_tokens=192, requests=8) if a.quick else
                                  RAGSpec(docs=12, doc_tokens=384, requests=24))
     rag_modes = ("radix", "daemon_s3") if a.quick else MODES  # quick: the pair the issue compares
@@ -158,16 +107,18 @@ def main(argv: list[str] | None = None) -> int:
                            "rag_workload": vars(rag) if rag else None, "engine": vars(spec),
                            "pool_tokens": num_pages * PAGE, "working_set_tokens": working_set,
                            "working_set_over_pool": working_set / (num_pages * PAGE), "modes": {}}
-    with tempfile.TemporaryDirectory(prefix="tierkv-serve-") as tmp:
+    plan = Plan(qa, per_point, qps, slo, rag, rag_modes)
+    with tempfile.TemporaryDirectory(prefix="tierkv-serve-") as tmp, contextlib.ExitStack() as stack:
         work = Path(a.keep or tmp)
-        for mode in modes:
+        servers = {}
+        for mode in modes:  # one after another: a start-up's calibration has the machine to itself
             t_mode = time.monotonic()
-            with mode_server(mode, spec, work / mode, verbose=a.verbose_engines) as srv:
-                res = asyncio.run(_drive(srv, qa, per_point, rag if mode in rag_modes else None, tok, qps, slo))
-            res["wall_s"] = time.monotonic() - t_mode
-            doc["modes"][mode] = res
-            log.info("%s: TTFT mean %.3fs p90 %.3fs at %g req/s, max %g req/s within the SLO (%.0fs)", mode,
-                     res["ttft_mean_s"], res["ttft_p90_s"], qps[0], res["max_qps_at_slo"], res["wall_s"])
+            servers[mode] = stack.enter_context(mode_server(mode, spec, work / mode, verbose=a.verbose_engines))
+            log.info("%s: server ready in %.0fs", mode, time.monotonic() - t_mode)
+        doc["modes"] = asyncio.run(run_all(servers, plan, tok))
+    for mode, res in doc["modes"].items():
+        log.info("%s: TTFT mean %.3fs p90 %.3fs at %g req/s, max %g req/s within the SLO", mode,
+                 res["ttft_mean_s"], res["ttft_p90_s"], qps[0], res["max_qps_at_slo"])
     machine["loadavg_end"] = list(os.getloadavg())
     doc.update({"machine": machine, "wall_s": time.monotonic() - t0})
     doc["targets"] = target_figures(doc)
