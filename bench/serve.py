@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,22 @@ from bench.serve_workload import QASpec, RAGSpec, planned_qa_working_set
 
 log = logging.getLogger("bench.serve")
 PAGE = 16
+
+
+@dataclass(frozen=True)
+class Preset:
+    qa: QASpec  # rounds are set from the sweep
+    per_point: int  # QA requests per point (the users take turns)
+    qps: tuple[float, ...]
+    slo_s: float
+    rag: RAGSpec
+    rag_modes: tuple[str, ...]
+
+
+QUICK = Preset(QASpec(users=16, context_tokens=640), 8, (0.5, 1, 2, 4), 3.0, RAGSpec(doc_tokens=192, requests=8),
+               ("radix", "daemon_s3"))  # quick RAG: the pair the issue compares
+FULL = Preset(QASpec(users=32, context_tokens=960), 16, (0.25, 0.5, 1, 2, 4, 8), 2.0,
+              RAGSpec(docs=12, doc_tokens=384, requests=24), MODES)
 
 
 def _plot(doc: dict, path: Path) -> None:
@@ -74,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo", type=float, default=None, help="TTFT p90 SLO in seconds (default: 3 quick, 2 full)")
     ap.add_argument("--qps", default="", help="comma-separated sweep (default: 0.5,1,2,4 quick)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each engine")
+    ap.add_argument("--model", default="", help="the engines' model (default: the bundled SmolLM2-135M)")
     ap.add_argument("--no-rag", action="store_true")
     ap.add_argument("--keep", default="", help="keep each mode's logs (engine, daemon) under this directory")
     ap.add_argument("--verbose-engines", action="store_true", help="debug logs in the engines (with --keep)")
@@ -83,31 +101,29 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in a.modes.split(",") if m] or list(QUICK_MODES if a.quick else MODES)
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}")
-    qps = [float(x) for x in a.qps.split(",") if x] or ([0.5, 1, 2, 4] if a.quick else [0.25, 0.5, 1, 2, 4, 8])
-    slo = a.slo if a.slo is not None else (3.0 if a.quick else 2.0)
-    users, per_point = (16, 8) if a.quick else (32, 16)
-    qa = QASpec(users=users, context_tokens=640 if a.quick else 960, rounds=-(-len(qps) * per_point // users))
-    rag = None if a.no_rag else (RAGSpec(doc_tokens=192, requests=8) if a.quick else
-                                 RAGSpec(docs=12, doc_tokens=384, requests=24))
-    rag_modes = ("radix", "daemon_s3") if a.quick else MODES  # quick: the pair the issue compares
+    preset = QUICK if a.quick else FULL
+    qps = [float(x) for x in a.qps.split(",") if x] or list(preset.qps)
+    slo = a.slo if a.slo is not None else preset.slo_s
+    qa = replace(preset.qa, rounds=-(-len(qps) * preset.per_point // preset.qa.users))
+    rag = None if a.no_rag else preset.rag
     from transformers import AutoTokenizer
 
     from engine.model_loader import hf_model_dir
 
-    tok = AutoTokenizer.from_pretrained(hf_model_dir(""))
+    tok = AutoTokenizer.from_pretrained(hf_model_dir(a.model))
     working_set, largest = planned_qa_working_set(qa, tok)
     num_pages = working_set // 4 // PAGE
     if num_pages * PAGE < largest + 2 * PAGE:
         ap.error(f"a pool of a quarter of the working set ({num_pages} pages) cannot hold one request")
-    spec = EngineSpec(num_pages=num_pages, threads=a.threads)
+    spec = EngineSpec(num_pages=num_pages, threads=a.threads, model=a.model)
     t0 = time.monotonic()
     machine = machine_facts()
     doc: dict[str, Any] = {"quick": a.quick, "slo_ttft_p90_s": slo, "qps_sweep": qps, "workload": vars(qa),
-                           "requests_per_point": per_point,
+                           "requests_per_point": preset.per_point, "model": a.model or "SmolLM2-135M-Instruct",
                            "rag_workload": vars(rag) if rag else None, "engine": vars(spec),
                            "pool_tokens": num_pages * PAGE, "working_set_tokens": working_set,
                            "working_set_over_pool": working_set / (num_pages * PAGE), "modes": {}}
-    plan = Plan(qa, per_point, qps, slo, rag, rag_modes)
+    plan = Plan(qa, preset.per_point, qps, slo, rag, preset.rag_modes)
     with tempfile.TemporaryDirectory(prefix="tierkv-serve-") as tmp, contextlib.ExitStack() as stack:
         work = Path(a.keep or tmp)
         servers = {}

@@ -34,6 +34,7 @@ class EngineSpec:
     page_size: int = 16
     threads: int = 2
     max_num_seqs: int = 16
+    model: str = ""  # "" = the bundled SmolLM2-135M
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.
                 "--threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs)]
         if address is not None:
             argv += ["--kvstore", address]
+        if spec.model:
+            argv += ["--model", spec.model]
         if verbose:
             argv.append("-v")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(spec.threads))
