@@ -94,6 +94,9 @@ class Fetcher:
         if f.future is not None:
             if not f.future.done():
                 return PENDING
+            if f.future.cancelled():  # the connector closed before the move ran
+                f.future = f.next = None
+                return self._done(f)
             err, f.future, f.next = f.future.exception(), f.next, None
             if err is not None:
                 log.error("%s: load failed unexpectedly: %r", req.rid, err)

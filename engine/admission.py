@@ -147,7 +147,7 @@ class Admitter:
             hook = self._hooks[rec.next_hook]
             if hook.start(req, self, self._prefill_ahead(req), self.wake.set):  # type: ignore[union-attr]
                 req.status = Status.LOADING
-                rec.loading_since = time.monotonic()
+                rec.loading, rec.loading_since = hook, time.monotonic()  # type: ignore[assignment]
                 self.loading.append(req)
                 return
             rec.next_hook += 1
@@ -168,11 +168,12 @@ class Admitter:
         for req in list(self.loading):
             rec = req.admission
             assert rec is not None
-            res = self._hooks[rec.next_hook].poll(req, self)  # type: ignore[union-attr]
+            assert rec.loading is not None
+            res = rec.loading.poll(req, self)
             if not res.done:
                 continue
             self.loading.remove(req)
-            req.status = Status.WAITING
+            req.status, rec.loading = Status.WAITING, None
             rec.next_hook += 1
             if res.extension is not None:
                 self._apply_counted(req, res.extension)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine.hooks import LoadingHook
 from engine.radix_cache import TreeNode
 from engine.sampling import SamplingParams
 
@@ -107,6 +108,7 @@ class Admission:
     exact: int = 0  # tokens of exact extensions applied (loaded KV)
     approx: int = 0  # tokens of approximate extensions applied (CacheBlend)
     next_hook: int = 0  # hooks[:next_hook] have proposed (or started and finished)
+    loading: LoadingHook | None = None  # the hook whose fetch is in flight (while LOADING)
     loading_since: float = 0.0  # monotonic time the current fetch started
 
 

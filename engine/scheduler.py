@@ -76,10 +76,10 @@ class Scheduler(Admitter):
             self.waiting.remove(req)
             if req in self.loading:  # its hook's worker may still write into the load's pages
                 self.loading.remove(req)
-                assert req.admission is not None
-                hook = self._hooks[req.admission.next_hook]
-                hook.cancel(req)  # type: ignore[union-attr]
-                self.draining.append((req, hook))  # type: ignore[arg-type]
+                hook = req.admission.loading if req.admission is not None else None
+                assert hook is not None
+                hook.cancel(req)
+                self.draining.append((req, hook))
         if req.pages:
             for hook in self._hooks:
                 hook.on_finish(req)

@@ -219,6 +219,45 @@ def test_queued_requests_give_their_loaded_prefix_back_when_a_decode_needs_pages
             detach(eng)
 
 
+def test_a_connector_closed_with_loads_queued_hands_their_pages_back(tiny, tmp_path: Path) -> None:
+    """Shutdown drops the transfers still queued (the executor cancels them): their requests'
+    polls report done with the untouched pages, and both requests finish as plain runs do."""
+    import threading
+
+    other = prompt(120, seed=44)
+    with inproc_daemon(tmp_path) as d:
+        eng = engine(tiny)
+        conn = attach(eng, d.address, load_deadline_min_s=600.0)
+        try:
+            want_a = in_daemon_only(eng, conn, B_IDS)
+            want_b = in_daemon_only(eng, conn, other)
+            held = conn.loader = HeldLoader(conn.loader, at=1)
+            a = _add(eng, B_IDS)
+            assert held.entered.wait(30)
+            b = _add(eng, other)  # known pages: its transfer is queued behind a's by its lookup
+            closing = threading.Thread(target=conn.close)
+            for _ in range(3000):
+                if b.kv.fetch.next is not None:
+                    break
+                threading.Event().wait(0.01)
+            closing.start()  # cancels b's queued transfer, then waits for a's
+            for _ in range(3000):
+                if b.kv.fetch.next.cancelled():
+                    break
+                threading.Event().wait(0.01)
+            held.gate.set()
+            closing.join(60)
+            while not (a.finished and b.finished):
+                eng.step()
+            assert a.output_ids == want_a and a.cached_tokens == 7 * PS
+            assert b.output_ids == want_b and b.cached_tokens == 0
+            eng.radix.reset()
+            assert eng.pool.allocator.num_free() == eng.pool.num_pages
+        finally:
+            eng.connector = None
+            eng.scheduler.hooks = []
+
+
 def test_loading_hooks_must_come_before_plain_hooks(tiny, tmp_path: Path) -> None:
     class Plain:
         def propose(self, req, pages):
