@@ -1,5 +1,5 @@
 """bench.serve end to end on the tiny random Llama, sized down: real kvengine servers (radix only,
-no cache, and a cpu daemon), the OpenAI client, every key of the JSON, the plot. (The real
+no cache, a cpu daemon, a redis daemon), the OpenAI client, every key of the JSON, the plot. (The real
 benchmark, on SmolLM2, is `python -m bench.serve --quick`.)"""
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> Non
     shutil.copy(hf_model_dir("") / "chat_template.jinja", model / "chat_template.jinja")
     out = tmp_path / "serve.json"
     assert serve.main(["--out", str(out), "--quick", "--model", str(model),
-                       "--modes", "no_cache,radix,daemon_cpu"]) == 0
+                       "--modes", "no_cache,radix,daemon_cpu,daemon_redis"]) == 0
     doc = json.loads(out.read_text())
     assert doc["working_set_over_pool"] >= 4 and doc["slo_ttft_p90_s"] == 60.0
     assert {"cpu_count", "loadavg_start", "loadavg_end", "torch_threads", "git_revision"} <= set(doc["machine"])
-    for mode in ("no_cache", "radix", "daemon_cpu"):
+    for mode in ("no_cache", "radix", "daemon_cpu", "daemon_redis"):
         m = doc["modes"][mode]
         for k in KEYS:
             assert k in m, (mode, k)
@@ -41,6 +41,7 @@ def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> Non
     src = {mode: doc["modes"][mode]["tokens_by_source"] for mode in doc["modes"]}
     assert src["no_cache"]["radix"] == 0 and set(src["no_cache"]) == {"radix", "recomputed"}
     assert src["daemon_cpu"].get("cpu", 0) > 0  # the daemon supplied evicted conversations
+    assert src["daemon_redis"].get("redis", 0) > 0
     assert "rag" in doc["modes"]["daemon_cpu"] and "rag" not in doc["modes"]["no_cache"]
     assert set(doc["targets"]) >= {"working_set_over_pool", "cpu_ttft_mean_vs_radix", "s3_ttft_p90_vs_radix"}
     assert not doc["targets"]["s3_ttft_p90_vs_radix"]["met"]  # no s3 mode in this run: never shown as met
