@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from bench.e2e_support import Bench, kv_daemon, machine_facts, offload_prefix
+from bench.servers import prepare_bucket, seaweedfs_s3
 from engine.forward_batch import ForwardBatch
 from engine.model_loader import load_model
 
@@ -88,11 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     b = Bench(load_model(""), a.threads)
     b.rng = np.random.default_rng(5)
     out: dict = {"prefix_tokens": a.prefix, "rest_tokens": a.rest, "reps": a.reps, "tiers": {}}
-    with tempfile.TemporaryDirectory(prefix="tierkv-overlap-") as work:
-        for tier, flags in (("cpu", ["--cpu", "2GiB"]), ("disk", ["--disk", f"{work}/disk/lmdb:4GiB"])):
-            with kv_daemon(Path(work) / tier, *flags) as address:
+    with tempfile.TemporaryDirectory(prefix="tierkv-overlap-") as work, seaweedfs_s3() as ep:
+        bucket = f"tierkv-overlap-{uuid.uuid4().hex[:8]}"
+        prepare_bucket(ep, bucket)
+        s3_env = {"AWS_ACCESS_KEY_ID": ep.access_key, "AWS_SECRET_ACCESS_KEY": ep.secret_key,
+                  "AWS_DEFAULT_REGION": ep.region}
+        for tier, flags, env in (("cpu", ["--cpu", "2GiB"], None), ("disk", ["--disk", f"{work}/disk/lmdb:4GiB"], None),
+                                 ("s3", ["--s3", f"s3://{bucket}/kv", "--s3-endpoint", ep.url], s3_env)):
+            with kv_daemon(Path(work) / tier, *flags, env=env) as address:
                 out["tiers"][tier] = measure(b, address, a.prefix, a.rest, a.reps)
-    machine["loadavg_end"] = list(__import__("os").getloadavg())
+    machine["loadavg_end"] = list(os.getloadavg())
     out["machine"] = machine
     Path(a.out).write_text(json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))
