@@ -73,6 +73,7 @@ def _plot(doc: dict, path: Path) -> None:
         ax.plot(xs, [p["ttft_mean_s"] for p in m["sweep"]], linestyle=":", color=ax.lines[-1].get_color())
     ax.axhline(doc["slo_ttft_p90_s"], color="grey", linestyle="--", label="SLO (p90)")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(doc["qps_sweep"], [f"{q:g}" for q in doc["qps_sweep"]])
     ax.set_yscale("log")
     ax.set_xlabel("offered load (requests/s)")
     ax.set_ylabel("TTFT (s): p90 solid, mean dotted")
