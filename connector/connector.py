@@ -64,7 +64,7 @@ class KVConnector:
         one_try = Retry(attempts=1)
         self._load_client = KVStoreClient(config.address, deadline_s=config.lookup_deadline_s, retry=one_try,
                                           use_shm=config.use_shm, max_message_bytes=8 * 2**20)
-        # the lookup worker's own client: a transfer (self.loader, on its worker) sets its deadlines
+        # the lookup worker's own client: a lookup never waits behind a transfer's bulk reads
         self._lookup_client = KVStoreClient(config.address, deadline_s=config.lookup_deadline_s, retry=one_try,
                                             use_shm=False)
         self._bypassed: dict[str, int] = {}  # bypass decisions per tier (the lookup worker's)
@@ -137,8 +137,7 @@ class KVConnector:
             return None
         keys = self._keys(req, loadable)[start:]
         try:
-            self._lookup_client.deadline_s = self.cfg.lookup_deadline_s
-            found = self._lookup_client.lookup(keys)
+            found = self._lookup_client.lookup(keys, deadline_s=self.cfg.lookup_deadline_s)
         except KVStoreError as e:
             self.metrics.lookups.labels("error").inc()
             st.view = UNAVAILABLE

@@ -42,7 +42,7 @@ class HeldLoader(Loader):
     transfer reaches it: from then on the transfer worker holds the load's pages."""
 
     def __init__(self, base: Loader, at: int = 0) -> None:
-        super().__init__(base.client, base.pool, base.pool.bytes_per_page)
+        super().__init__(base.client, base.pool, base.pool.bytes_per_page, in_place_chunk_bytes=base.pool.bytes_per_page)
         self.at, self.chunks = at, 0
         self.gate, self.entered = threading.Event(), threading.Event()
 
