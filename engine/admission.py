@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -147,7 +146,7 @@ class Admitter:
             hook = self._hooks[rec.next_hook]
             if hook.start(req, self, self._prefill_ahead(req), self.wake.set):  # type: ignore[union-attr]
                 req.status = Status.LOADING
-                rec.loading, rec.loading_since = hook, time.monotonic()  # type: ignore[assignment]
+                rec.loading = hook  # type: ignore[assignment]
                 self.loading.append(req)
                 return
             rec.next_hook += 1

@@ -109,7 +109,6 @@ class Admission:
     approx: int = 0  # tokens of approximate extensions applied (CacheBlend)
     next_hook: int = 0  # hooks[:next_hook] have proposed (or started and finished)
     loading: LoadingHook | None = None  # the hook whose fetch is in flight (while LOADING)
-    loading_since: float = 0.0  # monotonic time the current fetch started
 
 
 @dataclass
