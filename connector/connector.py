@@ -39,7 +39,7 @@ from kvstore.retry import Retry
 
 log = logging.getLogger(__name__)
 
-EXPLORE_PAGES = 2  # pages an exploring decision loads
+EXPLORE_PAGES = 8  # pages an exploring decision loads: enough that the bytes, not one round trip, set its time
 EXPLORE_EVERY = 32  # a measured tier is explored again once in this many bypasses
 
 

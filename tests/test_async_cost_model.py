@@ -119,15 +119,17 @@ def test_a_long_prefill_running_makes_a_slow_load_worth_it(tiny, tmp_path: Path)
 
 def test_a_tier_no_load_ever_measured_is_explored_then_trusted(tiny, tmp_path: Path) -> None:
     """A start-up probe taken at a bad moment says the tier is 100x too slow: the first request
-    loads two pages anyway, the measurement replaces the probe's figure, the next one loads all."""
-    ids = prompt(120, seed=74)
+    loads a few pages anyway, the measurement replaces the probe's figure, the next one loads all."""
+    from connector.connector import EXPLORE_PAGES
+
+    ids = prompt(200, seed=74)  # 12 loadable pages
     with inproc_daemon(tmp_path) as d:
         eng = engine(tiny)
-        conn = _attach(eng, d.address, cpu_bw=1e4, measured=False)  # 7 pages: 5.7 s, against 0.13 s
+        conn = _attach(eng, d.address, cpu_bw=1e4, measured=False)  # 12 pages: 9.8 s, against 0.21 s
         try:
             want = in_daemon_only(eng, conn, ids)
             first = run(eng, ids)
-            assert first.kv.decision.outcome == "explore" and first.cached_tokens == 2 * PS
+            assert first.kv.decision.outcome == "explore" and first.cached_tokens == EXPLORE_PAGES * PS
             assert first.output_ids == want
             assert conn.cost.tier("cpu").measured == 1 and conn.cost.tier("cpu").bandwidth > 1e6
             eng.radix.reset()
