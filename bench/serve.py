@@ -37,7 +37,7 @@ from typing import Any
 from bench.e2e_support import machine_facts
 from bench.serve_drive import Plan, run_all
 from bench.serve_figures import target_figures
-from bench.serve_modes import MODES, QUICK_MODES, EngineSpec, mode_server
+from bench.serve_modes import CONNECTOR_ENV, MODES, QUICK_MODES, EngineSpec, mode_server
 from bench.serve_workload import QASpec, RAGSpec, planned_qa_working_set
 
 log = logging.getLogger("bench.serve")
@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"quick": a.quick, "slo_ttft_p90_s": slo, "qps_sweep": qps, "workload": vars(qa),
                            "requests_per_point": preset.per_point, "model": a.model or "SmolLM2-135M-Instruct",
                            "rag_workload": vars(rag) if rag else None, "engine": vars(spec),
+                           "connector_env": CONNECTOR_ENV,
                            "pool_tokens": num_pages * PAGE, "working_set_tokens": working_set,
                            "working_set_over_pool": working_set / (num_pages * PAGE), "modes": {}}
     plan = Plan(qa, preset.per_point, qps, slo, rag, preset.rag_modes)

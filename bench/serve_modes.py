@@ -5,6 +5,12 @@ listens on free loopback ports and is stopped when the mode's ``with`` block end
 
 ``no_cache`` is the same server as ``radix``, with a fresh ``cache_salt`` on every request: no
 request can reuse another's KV (a tenant of its own), through the API alone.
+
+The daemon modes' connector writes through (``TIERKV_CONNECTOR_WRITE_THROUGH=1``, as LMCache does;
+offload on evict stays on, and skips what was written): a request's pages go to the daemon when it
+finishes, in the gap before the next arrival, instead of when a later request's admission evicts
+them, where the copy and the send compete with that request's prefill on a 2-core machine. On the
+RAG workload that moved daemon_s3's TTFT p90 from 0.94/0.81 s to 0.57/0.56 s (radix: 0.73/0.59 s).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from bench.servers import LOOPBACK, free_port, prepare_bucket, redis_server, sea
 from kvstore.launch import running_daemon
 
 MODES = ("no_cache", "radix", "daemon_cpu", "daemon_disk", "daemon_s3", "daemon_redis")
+CONNECTOR_ENV = {"TIERKV_CONNECTOR_WRITE_THROUGH": "1"}  # the daemon modes' connector settings
 QUICK_MODES = ("radix", "daemon_cpu", "daemon_disk", "daemon_s3")
 
 
@@ -113,6 +120,8 @@ def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.
         if verbose:
             argv.append("-v")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(spec.threads))
+        if address is not None:
+            env.update(CONNECTOR_ENV)
         with open(log, "w") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
