@@ -62,6 +62,7 @@ FULL = Preset(QASpec(users=32, context_tokens=960), 16, (0.25, 0.5, 1, 2, 4, 8),
 
 def _plot(doc: dict, path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -75,6 +76,8 @@ def _plot(doc: dict, path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(doc["qps_sweep"], [f"{q:g}" for q in doc["qps_sweep"]])
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("offered load (requests/s)")
     ax.set_ylabel("TTFT (s): p90 solid, mean dotted")
     ax.set_title(f"multi-round QA, working set {doc['working_set_over_pool']:.1f}x the KV pool")
