@@ -52,6 +52,9 @@ BENCHES: dict[str, list[Figure]] = {
              Figure("faults_injected", 6), Figure("fuzz_cases", 10_000), Figure("fuzz_crashes", 0, "=="),
              Figure("unauthenticated_accepted", 0, "=="), Figure("cross_tenant_hits", 0, "=="),
              Figure("rss_growth_mb", 50, "<="), Figure("fd_growth", 5, "<="), Figure("shm_growth_mb", 0, "<=")],
+    "serve": [Figure("working_set_over_pool", 4.0), Figure("targets.cpu_ttft_mean_vs_radix.value", 1 / 3, "<="),
+              Figure("targets.cpu_max_qps_vs_radix.value", 2.0), Figure("targets.cpu_itl_p99_vs_radix.value", 1.2, "<="),
+              Figure("targets.s3_ttft_p90_vs_radix.value", 1.0, "<="), Figure("rag_s3_ttft_p90_vs_radix", None)],
 }
 
 

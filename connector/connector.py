@@ -1,10 +1,11 @@
 """KVConnector: the engine-side half of tierkv — offload, lookup, cost model, load.
 
-It plugs into the engine in two places: as an admission hook (``propose`` after the local radix
-match: look up the next full pages in the daemon, let the cost model decide, load them into fresh
-pages and propose them as an exact extension; ``on_finish`` offloads with write-through) and as
-an evict listener of the radix cache (``on_evict``). connector/__init__.py maps these onto the
-vLLM KV connector V1 names.
+It plugs into the engine in two places: as a loading hook (engine/hooks.py ``LoadingHook``: as soon
+as a request is queued, ``start`` looks up the next full pages in the daemon, lets the load-aware
+cost model decide and loads them into fresh pages, all off the engine thread (connector/fetch.py);
+``poll`` hands the arrived prefix to the scheduler as an exact extension; ``on_finish`` offloads with
+write-through) and as an evict listener of the radix cache (``on_evict``). connector/__init__.py
+maps these onto the vLLM KV connector V1 names.
 
 The daemon's answers keep ``KnownKeys`` honest: a key a lookup or a load finds missing is
 forgotten (so its page is offloaded again when evicted), and a block that fails its checksum is
@@ -15,18 +16,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from connector.attribution import UNAVAILABLE, DaemonView
 from connector.config import ConnectorConfig
-from connector.cost_model import CostModel, Decision, PrefillModel
+from connector.cost_model import CostModel, Decision, EngineLoad, PrefillModel
+from connector.fetch import Fetcher
 from connector.keys import KeySpace
 from connector.loader import Loader
 from connector.metrics import ConnectorMetrics
 from connector.offload import KnownKeys, Offloader
 from connector.staging import StagedPages
 from connector.state import KVState
-from engine.hooks import PageSource, PrefixExtension
+from engine.hooks import NOTHING, LoadPoll, PageSource
 from engine.radix_cache import EvictedNode
 from engine.request import Request
 from kvstore.client import KVStoreClient
@@ -35,6 +38,9 @@ from kvstore.keys import BlockKey
 from kvstore.retry import Retry
 
 log = logging.getLogger(__name__)
+
+EXPLORE_PAGES = 8  # pages an exploring decision loads: enough that the bytes, not one round trip, set its time
+EXPLORE_EVERY = 32  # a measured tier is explored again once in this many bypasses
 
 
 class LoadPlan(NamedTuple):
@@ -58,6 +64,12 @@ class KVConnector:
         one_try = Retry(attempts=1)
         self._load_client = KVStoreClient(config.address, deadline_s=config.lookup_deadline_s, retry=one_try,
                                           use_shm=config.use_shm, max_message_bytes=8 * 2**20)
+        # the lookup worker's own client: a lookup never waits behind a transfer's bulk reads
+        self._lookup_client = KVStoreClient(config.address, deadline_s=config.lookup_deadline_s, retry=one_try,
+                                            use_shm=False)
+        self._bypassed: dict[str, int] = {}  # bypass decisions per tier (the lookup worker's)
+        self.fetcher = Fetcher(self.plan_load, self.load, self.deadline_s, self.metrics, self.page_size,
+                               self.pool.bytes_per_page)
         self._save_client = KVStoreClient(config.address, deadline_s=config.offload_deadline_s,
                                           use_shm=config.use_shm)
         self.loader = Loader(self._load_client, self.pool, config.load_chunk_bytes)
@@ -108,14 +120,16 @@ class KVConnector:
             st.keys = self.keyspace.keys(req.all_ids[: n_pages * self.page_size], req.cache_salt)
         return st.keys[:n_pages]
 
-    def plan_load(self, req: Request) -> LoadPlan | None:
+    def plan_load(self, req: Request, prefill_ahead: Sequence[tuple[int, int]] = ()) -> LoadPlan | None:
         """After the local match: look up the next full pages and let the cost model pick how many
-        to load (None: nothing to load). What the daemon said is kept for the page attribution."""
+        to load, given the transfers in flight and ``prefill_ahead`` (None: nothing to load). What
+        the daemon said is kept for the page attribution. Runs on the lookup worker: while a request
+        is LOADING the engine thread changes none of the request fields read here."""
         ps = self.page_size
         start = req.num_computed // ps
         loadable = (req.num_tokens - 1) // ps  # leave at least one token to compute (its logits)
         st = self._state(req)
-        st.page_size, st.view, st.decision = ps, None, None
+        st.page_size, st.view, st.decision, st.view_page, st.last_loaded = ps, None, None, start, 0
         if loadable <= start:
             return None
         if not self._daemon_up():
@@ -123,7 +137,7 @@ class KVConnector:
             return None
         keys = self._keys(req, loadable)[start:]
         try:
-            found = self.loader.lookup_all(keys, self.cfg.lookup_deadline_s)
+            found = self._lookup_client.lookup(keys, deadline_s=self.cfg.lookup_deadline_s)
         except KVStoreError as e:
             self.metrics.lookups.labels("error").inc()
             st.view = UNAVAILABLE
@@ -135,28 +149,59 @@ class KVConnector:
         self.metrics.lookups.labels("hit" if tiers else "miss").inc()
         if not tiers:
             return None
-        d = st.decision = self.cost.decide(req.num_computed, req.num_tokens, tiers)
-        self.metrics.decisions.labels(d.tier, d.outcome).inc()
-        log.debug("%s: %d pages cached locally, %d in the daemon (%s): %s %d pages; predicted load %.4fs + "
-                  "compute %.4fs vs recompute %.4fs", req.rid, start, len(tiers), d.tier, d.outcome, d.pages,
-                  d.predicted_load_s, d.predicted_compute_s, d.predicted_recompute_s)
+        d = st.decision = self._decide(req, tiers, EngineLoad(self.fetcher.inflight(), prefill_ahead))
+        log.debug("%s: %d pages cached locally, %d in the daemon (%s): %s %d pages; predicted wait %.4fs + load "
+                  "%.4fs + compute %.4fs vs recompute %.4fs (%.4fs of it queued)", req.rid, start, len(tiers), d.tier,
+                  d.outcome, d.pages, d.load_wait_s, d.predicted_load_s, d.predicted_compute_s,
+                  d.predicted_recompute_s, d.prefill_wait_s)
         if d.pages == 0:
             self._record(req, d, 0.0)
             return None
         return LoadPlan(keys[: d.pages], tiers[: d.pages], d)
 
+    def _decide(self, req: Request, tiers: list[str | None], load: EngineLoad) -> Decision:
+        """The load-aware decision, with its inputs and what the load changed counted on /metrics.
+
+        Exploration: a tier the model would bypass is loaded a little anyway (``EXPLORE_PAGES``)
+        while no real load ever measured it (its model is the start-up probe's, which a busy moment
+        can make look far too slow), and then once in ``EXPLORE_EVERY`` bypasses (it may have got
+        faster since): otherwise a tier once judged slow is never measured again."""
+        d = self.cost.decide_under_load(req.num_computed, req.num_tokens, tiers, load)
+        idle = self.cost.decide(req.num_computed, req.num_tokens, tiers)
+        m = self.metrics
+        if idle.pages != d.pages:
+            m.load_changed.labels(idle.outcome, d.outcome).inc()
+        elif d.pages == 0 and self.cfg.load_mode == "auto":  # the tier itself looks slower than recompute
+            first = tiers[0] or "?"
+            seen = self._bypassed.get(first, 0)
+            self._bypassed[first] = seen + 1
+            if not self.cost.tier(first).measured or seen % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+                d = self.cost.explore(req.num_computed, req.num_tokens, tiers, load, EXPLORE_PAGES)
+        m.decisions.labels(d.tier, d.outcome).inc()
+        m.decision_transfer_wait.observe(self.cost.transfer_wait_s(load.inflight_bytes))
+        m.decision_prefill_wait.observe(d.prefill_wait_s)
+        return d
+
+    def deadline_s(self, d: Decision) -> float:
+        """How long a planned load may take from its decision: a multiple of its prediction, never less
+        than the recompute it replaces (past that, what has not arrived is recomputed)."""
+        saved = max(d.predicted_recompute_s - d.predicted_compute_s, 0.0)
+        return max(self.cfg.load_deadline_min_s, self.cfg.load_deadline_factor * (d.load_wait_s + d.predicted_load_s),
+                   saved)
+
     # -- loading ------------------------------------------------------------------------------
-    def load(self, req: Request, plan: LoadPlan, pages: list[int]) -> int:
-        """Load ``plan`` into ``pages``; return how many leading pages arrived intact. The whole
-        prefix loads before the forward pass (on CPU a layer-wise overlap has nothing to overlap)."""
-        d = plan.decision
-        saved = max(d.predicted_recompute_s - d.predicted_compute_s, 0.0)  # the recompute this load replaces
-        deadline = max(self.cfg.load_deadline_min_s, self.cfg.load_deadline_factor * d.predicted_load_s, saved)
-        res = self.loader.load(plan.keys, pages, deadline)
+    def load(self, req: Request, plan: LoadPlan, pages: list[int], deadline_s: float) -> int:
+        """Load ``plan`` into ``pages`` within ``deadline_s``; return how many leading pages arrived
+        intact. The whole prefix loads before the forward pass (layer-wise overlap does not pay on
+        CPU: docs/architecture.md). Runs on the transfer worker."""
+        res = self.loader.load(plan.keys, pages, deadline_s)
         self.metrics.load_seconds.observe(res.seconds)
         if res.failure:
             self.metrics.load_failures.labels(res.failure).inc()
-            if res.failure == "unavailable" or (res.failure == "deadline" and res.pages_ok == 0):
+            # nothing arrived within a full deadline: the daemon hangs (a deadline mostly spent
+            # queueing for the stream says nothing about the daemon)
+            hung = res.failure == "deadline" and res.pages_ok == 0 and deadline_s >= self.cfg.load_deadline_min_s
+            if res.failure == "unavailable" or hung:
                 self._mark_down(res.failure)
             elif res.failure in ("checksum", "missing"):
                 self._forget(plan.keys[res.pages_ok:], corrupt=plan.keys[res.pages_ok] if res.failure == "checksum"
@@ -167,6 +212,9 @@ class KVConnector:
             self.metrics.prediction_error.observe(abs(pred - res.seconds) / res.seconds)
         elif res.failure == "deadline":  # the whole plan would take longer than this: learn it
             self.cost.observe(plan.tiers, res.seconds)
+        st = self._state(req)
+        st.last_loaded = res.pages_ok
+        st.loaded_tiers += plan.tiers[: res.pages_ok]
         if res.pages_ok:
             self.known.add(plan.keys[: res.pages_ok])
             for t in plan.tiers[: res.pages_ok]:
@@ -191,17 +239,38 @@ class KVConnector:
         st.decision = d
         st.load_s = seconds
 
-    # -- admission hook -----------------------------------------------------------------------
-    def propose(self, req: Request, pages: PageSource) -> PrefixExtension | None:
-        plan = self.plan_load(req)
-        if plan is None:
-            return None
-        fresh = pages.alloc(len(plan.keys))
-        if fresh is None:
-            self.metrics.load_failures.labels("no_pages").inc()
-            return None
-        n = self.load(req, plan, fresh)
-        return PrefixExtension(fresh, n * self.page_size, exact=True)
+    # -- the loading hook (engine thread; the moves are connector/fetch.py's) -----------------
+    def start(self, req: Request, pages: PageSource, prefill_ahead: Sequence[tuple[int, int]],
+              wake: Callable[[], None]) -> bool:
+        """Prefetch: the lookup and decision go to the lookup worker at once. Pages for the leading
+        keys this connector knows the daemon holds (it sent or loaded them) are taken now, so that
+        the transfer can follow the lookup without waiting for a step to end."""
+        st = self._state(req)
+        ps = st.page_size = self.page_size
+        start, loadable = req.num_computed // ps, (req.num_tokens - 1) // ps
+        if loadable <= start:
+            return False  # not one full page to look up (what an earlier lookup said still stands)
+        if not self._daemon_up():
+            st.view = UNAVAILABLE
+            return False
+        keys = self._keys(req, loadable)[start:]
+        known = next((i for i, k in enumerate(keys) if k not in self.known), len(keys))
+        st.fetch = self.fetcher.start(req, tuple(prefill_ahead), wake, (pages.alloc(known) or []) if known else [])
+        return True
+
+    def poll(self, req: Request, pages: PageSource) -> LoadPoll:
+        st = self._state(req)
+        if st.fetch is None:
+            return NOTHING
+        res = self.fetcher.poll(req, st.fetch, pages)
+        if res.done:
+            st.fetch = None
+        return res
+
+    def cancel(self, req: Request) -> None:
+        st = self._state(req)
+        if st.fetch is not None:
+            self.fetcher.cancel(st.fetch)
 
     def on_finish(self, req: Request) -> None:
         """With write-through, offload the request's full exact pages now (never approximate KV)."""
@@ -247,6 +316,8 @@ class KVConnector:
         return self.offloader.flush(timeout_s)
 
     def close(self) -> None:
+        self.fetcher.close()
         self.offloader.close()
+        self._lookup_client.close()
         self._load_client.close()
         self._save_client.close()

@@ -19,6 +19,17 @@ correction of every prefill prediction (``PrefillModel.scale``; each sample clam
 
 ``decide`` evaluates every k from 0 (recompute) to all available pages and keeps the fastest:
 T(k) = load(k) + prefill(rest | context m + k pages).
+
+Under load (``decide_under_load``, the connector's decision; ``decide`` is its idle case) two more
+things are priced, both measured when the request is decided (``EngineLoad``):
+- the bytes already queued or in flight on the connector's transfer stream, per tier: the loader
+  moves one load at a time, so a new load waits for them, W = sum over tiers of bytes / bandwidth;
+- the prefill already queued on the engine ahead of this request (running prefills, queued
+  requests before it), priced by the prefill model as one batch, Q: a recompute waits for it, and
+  so does the part of a load's request left to compute, unless the load itself takes longer:
+  T(0) = Q + prefill(all),  T(k) = max(W + load(k), Q) + prefill(rest).
+So loads in flight push a decision towards recompute, and a busy engine pushes it towards loading
+(a load that finishes while the engine works through the queue costs nothing extra).
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -114,15 +125,27 @@ class TierModel:
 
 class Decision(NamedTuple):
     pages: int  # pages to load (a prefix of what the daemon holds)
-    outcome: str  # load_all | load_partial | recompute
+    outcome: str  # load_all | load_partial | recompute | explore
     tier: str  # tier holding most of the pages considered
     predicted_load_s: float  # for ``pages``
     predicted_compute_s: float  # prefill of what is left after loading ``pages``
     predicted_recompute_s: float  # prefill of everything (the no-load option)
+    load_wait_s: float = 0.0  # before the load starts: the bytes ahead of it on the transfer stream
+    prefill_wait_s: float = 0.0  # the prefill queued ahead on the engine (in compute and recompute)
 
     @property
     def predicted_total_s(self) -> float:
-        return self.predicted_load_s + self.predicted_compute_s
+        return self.load_wait_s + self.predicted_load_s + self.predicted_compute_s
+
+
+class EngineLoad(NamedTuple):
+    """What else the machine is doing when one request's load is decided."""
+
+    inflight_bytes: Mapping[str, int]  # per tier: bytes queued or moving on the connector's transfer stream
+    prefill_ahead: Sequence[tuple[int, int]]  # (tokens to feed, tokens cached) of each prefill queued ahead
+
+
+IDLE = EngineLoad({}, ())
 
 
 class CostModel:
@@ -199,28 +222,54 @@ class CostModel:
                 m.measured += 1
 
     # -- the decision ------------------------------------------------------------------
+    def transfer_wait_s(self, inflight_bytes: Mapping[str, int]) -> float:
+        """Seconds until a new load starts moving: every byte already on the transfer stream first."""
+        return sum(self.tier(t).time(n) for t, n in inflight_bytes.items() if n > 0)
+
+    def prefill_wait_s(self, prefill_ahead: Sequence[tuple[int, int]]) -> float:
+        """Seconds of the prefill queued ahead on the engine: one batch of them (they share steps)."""
+        return self.prefill.fitted_step(prefill_ahead) * self.prefill.scale
+
     def decide(self, cached_tokens: int, total_tokens: int, tiers: Sequence[str | None]) -> Decision:
         """``cached_tokens`` are already in the pool, ``total_tokens`` must be fed in all (the
         prompt), ``tiers`` holds the tier of each page the daemon has right after the cache."""
-        ps = self.page_size
+        return self.decide_under_load(cached_tokens, total_tokens, tiers, IDLE)
+
+    def decide_under_load(self, cached_tokens: int, total_tokens: int, tiers: Sequence[str | None],
+                          load: EngineLoad) -> Decision:
+        """``decide`` with the transfers in flight and the prefill queued ahead priced in (module doc)."""
         avail = len(tiers)
-        recompute = self.prefill.predict(total_tokens - cached_tokens, cached_tokens)
-        best_k, best_t, best_load = 0, recompute, 0.0
         if self.load_mode == "always":
-            candidates = [avail]
+            candidates: Sequence[int] = [avail]
         elif self.load_mode == "never":
             candidates = []
         else:
             candidates = range(1, avail + 1)
+        best = self._option(cached_tokens, total_tokens, tiers, load, 0)
         for k in candidates:
-            load = self.load_time(tiers[:k])
-            ctx = cached_tokens + k * ps
-            total = load + self.prefill.predict(total_tokens - ctx, ctx)
-            if total < best_t or self.load_mode == "always":
-                best_k, best_t, best_load = k, total, load
-        outcome = "recompute" if best_k == 0 else ("load_all" if best_k == avail else "load_partial")
+            opt = self._option(cached_tokens, total_tokens, tiers, load, k)
+            if opt.predicted_total_s < best.predicted_total_s or self.load_mode == "always":
+                best = opt
+        return best
+
+    def explore(self, cached_tokens: int, total_tokens: int, tiers: Sequence[str | None], load: EngineLoad,
+                pages: int) -> Decision:
+        """Load the first ``pages`` whatever they cost (outcome ``explore``): a small load that
+        measures a tier the model would otherwise bypass on an estimate no load ever confirmed."""
+        return self._option(cached_tokens, total_tokens, tiers, load, min(pages, len(tiers)))._replace(outcome="explore")
+
+    def _option(self, cached_tokens: int, total_tokens: int, tiers: Sequence[str | None], load: EngineLoad,
+                k: int) -> Decision:
+        """What loading the first ``k`` of ``tiers`` and computing the rest is predicted to take."""
+        wait = self.transfer_wait_s(load.inflight_bytes) if k else 0.0
+        queued = self.prefill_wait_s(load.prefill_ahead)
+        recompute = queued + self.prefill.predict(total_tokens - cached_tokens, cached_tokens)
+        load_s = self.load_time(tiers[:k])
+        ctx = cached_tokens + k * self.page_size
+        compute = max(wait + load_s, queued) - wait - load_s + self.prefill.predict(total_tokens - ctx, ctx)
+        outcome = "recompute" if k == 0 else ("load_all" if k == len(tiers) else "load_partial")
         counts: dict[str, int] = {}
-        for t in tiers[: best_k or avail]:
+        for t in tiers[: k or len(tiers)]:
             counts[t or "?"] = counts.get(t or "?", 0) + 1
         tier = max(counts, key=lambda t: counts[t]) if counts else "none"
-        return Decision(best_k, outcome, tier, best_load, best_t - best_load, recompute)
+        return Decision(k, outcome, tier, load_s, compute if k else recompute, recompute, wait, queued)

@@ -34,12 +34,31 @@ class ConnectorMetrics:
                                    "Measured prefill steps / the start-up prefill fit (online correction)",
                                    registry=r)
         self.prefill_scale.set(1.0)
+        # loads off the engine thread (connector/fetch.py) and the load-aware decision's inputs
+        self.loads_inflight = Gauge("tierkv_connector_loads_inflight", "Requests waiting in LOADING", registry=r)
+        self.inflight_bytes = Gauge("tierkv_connector_inflight_bytes",
+                                    "Bytes queued or moving on the transfer stream", ["tier"], registry=r)
+        self.loading_seconds = Histogram("tierkv_connector_loading_seconds",
+                                         "Time a request waited in LOADING (lookup, pages, transfer)",
+                                         buckets=_LAT, registry=r)
+        self.fetches = Counter("tierkv_connector_fetches", "Loads started at queue time, by how they ended",
+                               ["result"], registry=r)  # loaded | nothing | cancelled
+        self.decision_transfer_wait = Histogram(
+            "tierkv_connector_decision_transfer_wait_seconds",
+            "Predicted wait for the bytes already on the transfer stream, at each decision", buckets=_LAT, registry=r)
+        self.decision_prefill_wait = Histogram(
+            "tierkv_connector_decision_prefill_wait_seconds",
+            "Predicted prefill queued ahead on the engine, at each decision", buckets=_LAT, registry=r)
+        self.load_changed = Counter("tierkv_connector_load_aware_changes",
+                                    "Decisions the load in flight or queued changed (idle outcome -> outcome)",
+                                    ["idle", "outcome"], registry=r)
         self.native_info = native.info_gauge(r)  # tierkv_native_info{impl, reason}: which data-path ops run
 
     def collectors(self) -> list:
         return [self.decisions, self.lookups, self.loaded_tokens, self.load_seconds, self.load_failures,
                 self.offload_blocks, self.corrupt_deleted, self.offload_bytes, self.offload_queue_bytes, self.prediction_error,
-                self.prefill_scale, self.native_info]
+                self.prefill_scale, self.native_info, self.loads_inflight, self.inflight_bytes, self.loading_seconds,
+                self.fetches, self.decision_transfer_wait, self.decision_prefill_wait, self.load_changed]
 
     def value(self, name: str, **labels: str) -> float:
         v = self.registry.get_sample_value(name, labels or None)

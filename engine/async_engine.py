@@ -2,7 +2,8 @@
 
 The engine is single-threaded by design: only the loop thread touches it. Callers submit
 commands (add / abort) through a queue and receive RequestOutputs on an asyncio.Queue per
-request, handed across with ``loop.call_soon_threadsafe``.
+request, handed across with ``loop.call_soon_threadsafe``. A command sets the engine's own
+``wake`` event, so it also ends the short wait of a step that only had loads in flight.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class AsyncEngine:
         for collector in getattr(engine, "metric_collectors", []):
             self.metrics.registry.register(collector)
         self._cmds: queue.Queue = queue.Queue()
-        self._wake = threading.Event()
+        self._wake = engine.wake  # shared with the loads' workers: either ends an idle wait
         self._sinks: dict[str, _Add] = {}
         self._stop = False
         self.dead: BaseException | None = None

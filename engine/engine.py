@@ -3,12 +3,16 @@
 ``step()`` asks the scheduler what to feed, runs one forward pass over it, samples for the
 requests whose pending tokens are all fed, applies stop rules and returns per-request deltas.
 ``generate()`` is the offline convenience over the same loop. The server drives ``step()``
-from a background thread (engine/async_engine.py).
+from a background thread (engine/async_engine.py). A step with nothing to run while loads are in
+flight (requests LOADING, engine/admission.py) waits until a load has news (``wake``, at most
+``IDLE_WAIT_S``) instead of spinning: on a small machine a spinning loop would take the CPU the
+loads need.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -32,6 +36,8 @@ from engine.shared_prefix import SharedPrefixes
 from engine.stop import StopChecker
 
 log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05  # longest wait of a step with nothing to run but loads in flight
 
 
 def _pick_device(cfg: EngineConfig) -> torch.device:
@@ -123,10 +129,17 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    @property
+    def wake(self) -> threading.Event:
+        """Set when a load has news or a caller queued a command: ends an idle step's wait."""
+        return self.scheduler.wake
+
     # -- one step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         if not plan:
+            if self.scheduler.waiting_on_loads():
+                self.scheduler.wake.wait(IDLE_WAIT_S)
             return []
         t0 = time.perf_counter()
         seqs, needs_logits = [], []

@@ -11,13 +11,21 @@ boundary. A hook never touches the allocator's refcounts, the radix tree or the 
 owned by the scheduler; it reads the request and keeps its own state in its declared slot
 (``Request.kv`` / ``Request.blend``).
 
+A *loading* hook (``LoadingHook``: the KV connector) fetches off the engine thread instead: the
+scheduler asks it to ``start`` as soon as a request is queued (prefetch), polls it once per step on
+the engine thread (``poll``: pending, or done with the extension to apply) and tells it when the
+request goes away (``cancel``). Pages for the fetch are still taken from the ``PageSource``, on the
+engine thread, in ``start`` or ``poll``; they belong to the hook's worker until a poll reports done,
+and then come back in the extension, to be applied or freed by the scheduler. Loading hooks run before
+the plain ones (which propose at admission, once the loads are in).
+
 The order of hooks is set by the composition root (connector/wiring.py), not here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # engine-internal types only
     from engine.request import HookState, Request
@@ -58,8 +66,43 @@ class AdmissionHook(Protocol):
         """Release what the hook holds (clients, threads); called once at engine shutdown."""
 
 
-class KVConnectorPlugin(AdmissionHook, Protocol):
-    """A KV connector is an admission hook whose staged offloads can be flushed at shutdown."""
+class LoadPoll(NamedTuple):
+    """A loading hook's answer on the engine thread: still pending, or done (its worker has let go
+    of every page it was given) with what it proposes (None: nothing, and no pages)."""
+
+    done: bool
+    extension: PrefixExtension | None = None
+
+
+PENDING = LoadPoll(False)
+NOTHING = LoadPoll(True)
+
+
+@runtime_checkable
+class LoadingHook(Protocol):
+    """An admission hook whose KV arrives off the engine thread (the request waits in LOADING)."""
+
+    def start(self, req: Request, pages: PageSource, prefill_ahead: Sequence[tuple[int, int]],
+              wake: Callable[[], None]) -> bool:
+        """Begin fetching KV past ``req.num_computed`` (engine thread, returns at once); True if a
+        fetch is in flight. ``prefill_ahead``: (tokens to feed, tokens cached) of each prefill queued
+        ahead of this request; ``wake`` is called from the worker when the next poll has news."""
+
+    def poll(self, req: Request, pages: PageSource) -> LoadPoll:
+        """Engine thread: PENDING, or done with the extension to apply. Pages taken from ``pages``
+        here or in ``start`` are the worker's until the poll that reports done returns them (all of
+        them) in the extension."""
+
+    def cancel(self, req: Request) -> None:
+        """The request is gone: stop early. Polls go on until one reports done (with the pages)."""
+
+    def on_finish(self, req: Request) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class KVConnectorPlugin(LoadingHook, Protocol):
+    """A KV connector is a loading hook whose staged offloads can be flushed at shutdown."""
 
     def flush(self, timeout_s: float) -> bool:
         """Send every staged offload; False if ``timeout_s`` passed first."""

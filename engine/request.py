@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine.hooks import LoadingHook
 from engine.radix_cache import TreeNode
 from engine.sampling import SamplingParams
 
@@ -91,9 +92,23 @@ class HookState:
 
 
 class Status(enum.Enum):
-    WAITING = "waiting"
+    WAITING = "waiting"  # queued (it may already hold its matched prefix and loaded KV: ``admission``)
+    LOADING = "loading"  # queued, with a loading hook's fetch in flight (engine/hooks.py LoadingHook)
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass
+class Admission:
+    """The scheduler's record of a queued request's prefix: what the radix match and the hooks
+    supplied so far (tokens), and how many hooks have had their turn. While it is set the request
+    holds the pages and the radix lock of ``Request.num_computed`` tokens."""
+
+    radix: int  # tokens of the local radix match
+    exact: int = 0  # tokens of exact extensions applied (loaded KV)
+    approx: int = 0  # tokens of approximate extensions applied (CacheBlend)
+    next_hook: int = 0  # hooks[:next_hook] have proposed (or started and finished)
+    loading: LoadingHook | None = None  # the hook whose fetch is in flight (while LOADING)
 
 
 @dataclass
@@ -115,6 +130,7 @@ class Request:
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (after stop-string truncation)
     cache_limit: int | None = None  # KV past this many tokens is approximate (set by Scheduler.apply_extension)
+    admission: Admission | None = None  # set from the prefix match until the request runs (the scheduler's)
     # per-request state of the plug-ins, each owned by its hook (the engine never looks inside)
     kv: HookState | None = None  # the KV connector's (connector/state.py KVState)
     blend: HookState | None = None  # a CacheBlend request's (connector/blend/state.py BlendState)

@@ -62,8 +62,8 @@ def test_daemon_killed_before_and_during_decode(tiny, tmp_path: Path) -> None:
 
             rid = eng.add_request(IDS, SamplingParams(max_tokens=6, ignore_eos=True))
             req = eng.requests[rid]
-            eng.step()  # admitted: loaded from the daemon, prefill of the rest
-            eng.step()
+            while len(req.output_ids) < 2:  # loaded from the daemon (off the engine thread), prefill of the rest,
+                eng.step()  # and a first decode step
             assert req.cached_tokens == 112
             d.kill()  # SIGKILL while the request decodes; its write-through will fail
             while not req.finished:
