@@ -162,14 +162,18 @@ def _s3_stopped_and_restarted(tmp_path: Path, weed: SeaweedS3, blocks: list[tupl
 
 
 def _s3_hung(weed: SeaweedS3, blocks: list[tuple[bytes, bytes]]) -> None:
-    """SIGSTOP: a store with short S3 timeouts (the daemon's defaults, 3 s x 2 attempts, are only slower)."""
+    """SIGSTOP: a store with short S3 timeouts (the daemon's defaults, 3 s x 2 attempts, are only slower).
+    The blocks are written first with the tier's default timeouts: a SeaweedFS just restarted can take
+    longer than 0.5 s per write on a loaded machine, and three such writes detached the short-timeout
+    tier before the part under test began. The store finds them in the shared server."""
     ep = weed.endpoint
+    with S3Tier(ep.url, "faults", 1 << 20, prefix="hung/", access_key=ep.access_key,
+                secret_key=ep.secret_key) as patient:
+        for k, v in blocks:
+            patient.put(k, v)
     s3 = S3Tier(ep.url, "faults", 1 << 20, prefix="hung/", access_key=ep.access_key, secret_key=ep.secret_key,
                 connect_timeout_s=0.5, read_timeout_s=0.5, max_attempts=1)  # fmt: skip
     with TieredStore([(CpuTier(160 << 10), LevelOptions()), (s3, LevelOptions(shared=True))], tier_retry_s=0.2) as s:
-        for k, v in blocks:
-            s.put(k, v)
-        s.flush()
         assert s.lookup([blocks[0][0]]).tiers == ["s3"]
         weed.pause()
         try:
