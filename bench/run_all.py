@@ -82,6 +82,11 @@ def verdict(value: Any, fig: Figure) -> str:
     return "met" if _CMP[fig.better](value, fig.target) else "MISSED"
 
 
+def all_met(verdicts: Any) -> bool:
+    """True when no figure was MISSED or missing: a figure with no target is 'reported', not a failure."""
+    return all(v in ("met", "reported") for v in verdicts)
+
+
 def machine_facts() -> dict[str, Any]:
     def git(*args: str) -> str:
         r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)

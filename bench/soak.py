@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.run_all import BENCHES, lookup, machine_facts, verdict
+from bench.run_all import BENCHES, all_met, lookup, machine_facts, verdict
 from bench.soak_cluster import Cluster
 from bench.soak_figures import check_answers, cross_tenant_hits, during_outages, memory_figures
 from bench.soak_fuzz import HTTP_SHARE
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["targets"] = {f.path: verdict(lookup(doc, f.path), f) for f in BENCHES["soak"]}
     Path(a.out).write_text(json.dumps(doc, indent=1))
     print(json.dumps({k: v for k, v in doc.items() if k not in ("detail",)}, indent=1))
-    return 0 if all(v == "met" for v in doc["targets"].values()) else 1
+    return 0 if all_met(doc["targets"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.run_all import BENCHES, lookup, verdict
+from bench.run_all import BENCHES, all_met, lookup, verdict
 from bench.soak_figures import (
     MIB,
     check_answers,
@@ -121,3 +121,14 @@ def test_every_target_is_met_by_a_good_run_and_missed_by_a_bad_value() -> None:
         fig = next(f for f in figs if f.path == name)
         assert verdict(bad, fig) == "MISSED", name
     assert verdict(None, figs[1]) == "missing"  # a figure the run did not produce is never met
+
+
+def test_a_good_run_passes_and_one_missed_or_missing_figure_fails_it() -> None:
+    """The soak's exit code: the 'reported' request count is no failure (a good run exited 1 before
+    all_met), but any MISSED or missing figure is."""
+    figs = BENCHES["soak"]
+    good = [verdict(lookup(GOOD, f.path), f) for f in figs]
+    assert "reported" in good and all_met(good)
+    for name, bad in BAD.items():
+        assert not all_met([verdict(bad if f.path == name else lookup(GOOD, f.path), f) for f in figs]), name
+    assert not all_met([verdict(None if f.path == "fuzz_crashes" else lookup(GOOD, f.path), f) for f in figs])
