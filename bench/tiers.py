@@ -4,6 +4,8 @@ Why this shape: a tier's absolute GB/s says more about the machine than about ou
 tier is measured against the strongest direct call of its own library with the tier's own client
 settings (bench.tier_baselines), on the same bytes from the same place:
   cpu   get (memoryview) copied into a buffer  vs  numpy copy of the same arrays into that buffer
+        (the default arena: a memfd clients map, ``page_kind`` its pages; ``private_arena``: the
+        arena --no-shm-arena gives, measured the same way, labelled)
   disk  get (lmdb, copy out of the read txn)   vs  raw lmdb txn.get, env opened with the tier's flags
         cold: get after dropping the file's pages  vs  the fastest of raw lmdb and O_DIRECT reads of the
         same bytes, pages dropped too (bench.tier_disk)
@@ -53,7 +55,10 @@ def make_blocks(n: int, seed: int = 0) -> list[Block]:
     return [(rng.bytes(32), rng.integers(0, 256, int(s), dtype=np.uint8)) for s in sizes]
 
 
-def bench_cpu(blocks: list[Block], reps: int) -> dict[str, Any]:
+def bench_cpu(blocks: list[Block], reps: int, huge_pages: bool = False) -> dict[str, Any]:
+    """The daemon's default cpu tier (its arena in a memfd clients map) for ``ratio``; beside it,
+    labelled, the private arena ``--no-shm-arena`` gives (``private_arena``). ``page_kind``:
+    what pages each arena got (tiers/cpu.py)."""
     from tiers.cpu import CpuTier
 
     dst = np.empty(2 * MiB + 1, dtype=np.uint8)
@@ -70,9 +75,16 @@ def bench_cpu(blocks: list[Block], reps: int) -> dict[str, Any]:
         src = np.frombuffer(view, dtype=np.uint8)  # type: ignore[call-overload]
         np.copyto(dst[: src.nbytes], src)
 
-    with CpuTier(4 * sum(a.nbytes for _, a in blocks)) as tier:
+    capacity = 4 * sum(a.nbytes for _, a in blocks)
+    with CpuTier(capacity, huge_pages=huge_pages) as tier:
         out = measure(tier, blocks, raw_get, reps, consume).figures()
         out["pinned"] = tier.pinned
+        out["page_kind"] = tier.page_kind
+        out["shared_arena"] = tier.share() is not None
+    with CpuTier(capacity, shared=False) as tier:
+        private = measure(tier, blocks, raw_get, reps, consume).figures()
+        out["private_arena"] = {k: private[k] for k in ("get_gbps", "raw_gbps", "ratio", "paired_ratio")}
+        out["private_arena"]["page_kind"] = tier.page_kind
     out["baseline"] = "numpy copy of the same bytes (one contiguous array) into a preallocated buffer"
     out["get_mode"] = "zero-copy view, then copied into the same kind of buffer"
     return out
@@ -151,7 +163,7 @@ def _with_targets(name: str, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def run(quick: bool, disk_dir: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+def run(quick: bool, disk_dir: str | None = None, huge_pages: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each server runs only while its own tier is measured, so an idle SeaweedFS does not steal
     CPU from the redis figures on a 2-core machine; the daemon reuses the running redis."""
     blocks = make_blocks(16 if quick else 48)
@@ -167,7 +179,7 @@ def run(quick: bool, disk_dir: str | None = None) -> Iterator[tuple[str, dict[st
         return name, _with_targets(name, result)
 
     with tempfile.TemporaryDirectory(prefix="tierkv-bench-", dir=disk_dir) as d:
-        yield step("cpu", lambda: bench_cpu(blocks, reps))
+        yield step("cpu", lambda: bench_cpu(blocks, reps, huge_pages))
         yield step("disk", lambda: bench_disk(blocks, reps, Path(d), cold_reps))
     with seaweedfs_s3() as endpoint:
         yield step("s3", lambda: bench_s3(blocks, reps, endpoint))
@@ -193,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer blocks and repetitions (< 4 min)")
     ap.add_argument("--disk-dir", help="where the disk tier's files go (default: the system temp dir; it "
                     "must be a real disk, not tmpfs, for the cold figures)")
+    ap.add_argument("--cpu-huge-pages", action="store_true", help="the cpu tier's arena in reserved hugetlb "
+                    "pages, as kvstore serve --cpu-huge-pages (needs vm.nr_hugepages; cpu.page_kind says what it got)")
     args = ap.parse_args(argv)
     start, load_before = time.monotonic(), os.getloadavg()
     tiers: dict[str, dict[str, Any]] = {}
     daemon: dict[str, Any] = {}
-    for name, result in run(args.quick, args.disk_dir):
+    for name, result in run(args.quick, args.disk_dir, args.cpu_huge_pages):
         if name == "daemon":
             daemon = result
         else:

@@ -39,6 +39,7 @@ class TierConfig:
     write_through: bool = False  # copy every put here at once (shared remote tiers)
     admit_min_hits: int = 0  # spill here only blocks hit at least this often; others are dropped
     shared: bool = False  # other nodes write here too: consult the tier itself on index misses
+    huge_pages: bool = False  # cpu: back the shared arena with reserved hugetlb pages (falls back, logged)
     region: str = ""
     access_key_id: str = field(default="", repr=False)
     secret_access_key: str = field(default="", repr=False)
@@ -54,6 +55,8 @@ class TierConfig:
             raise ConfigError(f"s3 tier needs an s3://bucket/prefix url, got {self.url!r}")
         if self.kind == "redis" and not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"redis tier needs a redis:// url, got {redact_url(self.url)!r}")
+        if self.huge_pages and self.kind != "cpu":
+            raise ConfigError(f"{self.kind}: huge_pages applies to the cpu tier only")
         if self.admit_min_hits < 0 or self.ttl_s < 0:
             raise ConfigError(f"{self.kind}: admit_min_hits and ttl_s must be >= 0")
         from kvstore.eviction import EVICTION_POLICIES  # local: keep config import-light

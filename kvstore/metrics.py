@@ -23,6 +23,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from kvstore.tiered_store import TieredStore
+from tiers.cpu import CpuTier
 
 _LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 _COUNTERS = {
@@ -79,6 +80,13 @@ class _StoreCollector(Collector):
             t_blocks.add_metric([row.tier, row.tenant], float(row.blocks))
         yield t_bytes
         yield t_blocks
+        top = self._store.levels[0].tier
+        if isinstance(top, CpuTier):
+            arena = GaugeMetricFamily("tierkv_cpu_arena_info", "The cpu tier's arena: 1, labelled with its pages "
+                                      "(hugetlb, thp, 4KiB, pinned) and whether clients may map it",
+                                      labels=["pages", "shared"])
+            arena.add_metric([top.page_kind, str(top.share() is not None).lower()], 1.0)
+            yield arena
         pend = GaugeMetricFamily("tierkv_spill_queue_bytes", "Bytes waiting to spill to a lower tier")
         pend.add_metric([], float(st.pending_bytes))
         yield pend

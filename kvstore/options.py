@@ -55,6 +55,9 @@ def _scalar(flag: str, field: str, help: str, default: str, switch: Any = None) 
 OPTIONS: tuple[Option, ...] = (
     Option("--cpu", "TIERKV_CPU", "cpu tier size, e.g. 4Gi (sizes: Gi = 2^30, G = 10^9, bare = bytes)",
            "1Gi, with the disk tier, when no tier is configured", ("tiers", "cpu", "capacity_bytes")),
+    Option("--cpu-huge-pages", "TIERKV_CPU_HUGE_PAGES", "back the cpu tier's shared arena with reserved hugetlb "
+           "pages (vm.nr_hugepages or a pod's hugepages-2Mi; falls back to ordinary pages, logged)", "false",
+           ("tiers", "cpu", "huge_pages"), switch=True),
     Option("--disk", "TIERKV_DISK", "disk tier PATH[:SIZE] (an lmdb directory)",
            "$TIERKV_CACHE_DIR/disk:10Gi when no tier is configured", split=_disk),
     Option("--s3", "TIERKV_S3", "s3 tier s3://bucket/prefix", "none", ("tiers", "s3", "url")),

@@ -33,6 +33,7 @@ from kvstore.stats_log import StatsLogger
 from kvstore.stream_server import StreamServer
 from kvstore.tier_factory import build_store
 from kvstore.trace_curves import LatestCurves
+from tiers.cpu import CpuTier
 from tiers.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ class Daemon:
         self.cfg = cfg
         self.metrics = StoreMetrics()
         self.store = build_store(cfg, observer=self.metrics)
+        top = self.store.levels[0].tier
+        if isinstance(top, CpuTier):
+            log.info("cpu tier: %s arena, %s pages", "shared (memfd)" if top.share() else "private", top.page_kind)
         self.metrics.bind(self.store)
         self.dashboard = Dashboard(self.store)  # /dashboard on the metrics port; set .curves to show a curve
         self.metrics.routes.update(self.dashboard.routes())

@@ -16,11 +16,13 @@ from kvstore.tiered_store import TieredStore
 from tiers.base import Tier
 
 
-def build_tier(tc: TierConfig) -> Tier:
+def build_tier(tc: TierConfig, shared_arena: bool = True) -> Tier:
+    """``shared_arena``: a cpu tier's arena in a memfd clients may map (else private memory, which
+    gets transparent huge pages where memfds do not)."""
     if tc.kind == "cpu":
         from tiers.cpu import CpuTier
 
-        return CpuTier(tc.capacity_bytes)
+        return CpuTier(tc.capacity_bytes, shared=None if shared_arena else False, huge_pages=tc.huge_pages)
     if tc.kind == "disk":
         from tiers.disk import DiskTier
 
@@ -49,7 +51,7 @@ def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredSto
     built: list[tuple[Tier, LevelOptions]] = []
     try:
         for tc in cfg.tiers:
-            built.append((build_tier(tc), level_options(tc)))
+            built.append((build_tier(tc, cfg.shm and cfg.shm_arena), level_options(tc)))
         return TieredStore(
             built,
             promote_on_hit=cfg.promote_on_hit,
