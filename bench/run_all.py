@@ -93,7 +93,7 @@ def machine_facts() -> dict[str, Any]:
         return r.stdout.strip()
 
     return {"cores": os.cpu_count(), "loadavg": list(os.getloadavg()), "git_revision": git("rev-parse", "HEAD"),
-            "git_dirty": bool(git("status", "--porcelain")), "python": sys.version.split()[0],
+            "git_dirty": bool(git("status", "--porcelain", "--", ":(top)", ":(top,exclude)bench/results")), "python": sys.version.split()[0],
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "time": time.time()}
 
 

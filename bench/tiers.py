@@ -192,7 +192,8 @@ def _git_revision() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=Path(__file__).resolve().parent)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                                ":(top,exclude)bench/results"], capture_output=True,
                                text=True, timeout=10, cwd=Path(__file__).resolve().parent).stdout.strip()
     except OSError:
         return "unknown"
