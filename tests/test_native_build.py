@@ -44,6 +44,17 @@ def test_a_fresh_copy_builds_a_library_with_the_current_interface(tmp_path: Path
     assert ctypes.CDLL(str(lib)).tkv_abi_version() == native_lib.ABI
 
 
+def test_the_built_library_passes_its_self_test() -> None:
+    """A library that is built but fails its self-test (a kernel or the split join computing a
+    wrong checksum) silently falls back to numpy and every native test skips: fail here instead."""
+    from connector import native_lib
+
+    if native_lib._library_path() is None:
+        pytest.skip("extension not built here")
+    lib, why = native_lib.load()
+    assert lib is not None, why
+
+
 def test_without_a_compiler_the_build_succeeds_and_says_so(tmp_path: Path) -> None:
     src = _tree(tmp_path)
     proc = _build(src, CC="/nonexistent/cc")
