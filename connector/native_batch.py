@@ -64,6 +64,15 @@ def _run(lib, direction: int, prefixes: list[bytes], blocks: list[np.ndarray], p
     return digests, status
 
 
+def _one_page_each(pool: np.ndarray, pages: Sequence[int], bufs: Sequence[Buffer], what: str,
+                   writable: bool) -> tuple[list[int], list[np.ndarray], int]:
+    """The checked page list, each buffer as one page of flat bytes, and a page's byte count."""
+    layers, _, num_pages, seg = pool.shape
+    ids = _page_list(pages, num_pages)
+    page_len = layers * 2 * seg
+    return ids, [_flat(b, page_len, f"{what} {i}", writable=writable) for i, b in enumerate(bufs)], page_len
+
+
 def unpack_verify_many(headers: Sequence[BlockHeader], payloads: Sequence[Buffer], pool: np.ndarray,
                        pages: Sequence[int], threads: int | None = None, budget_s: float = 0.0,
                        use_native: bool | None = None) -> list[bool | None]:
@@ -75,15 +84,12 @@ def unpack_verify_many(headers: Sequence[BlockHeader], payloads: Sequence[Buffer
     Raises ValueError on bad arguments, before any byte moves.
     """
     pool = _pool_view(pool, writable=True)
-    layers, _, num_pages, seg = pool.shape
     n = len(headers)
     if len(payloads) != n or len(pages) != n:
         raise ValueError(f"{n} headers, {len(payloads)} payloads and {len(pages)} pages")
     if n == 0:
         return []
-    ids = _page_list(pages, num_pages)
-    page_len = layers * 2 * seg
-    srcs = [_flat(p, page_len, f"payload {i}", writable=False) for i, p in enumerate(payloads)]
+    ids, srcs, page_len = _one_page_each(pool, pages, payloads, "payload", writable=False)
     for i, h in enumerate(headers):
         if h.payload_len != page_len:
             raise ValueError(f"header {i} says {h.payload_len} payload bytes, a page has {page_len}")
@@ -113,15 +119,12 @@ def pack_checksum_many(prefixes: Sequence[bytes], pool: np.ndarray, pages: Seque
     """Gather pool page ``pages[i]`` into ``outs[i]`` (one page of bytes, writable, contiguous)
     and return xxh3_64 of ``prefixes[i]`` followed by what was written, for every i."""
     pool = _pool_view(pool, writable=False)
-    layers, _, num_pages, seg = pool.shape
     n = len(prefixes)
     if len(outs) != n or len(pages) != n:
         raise ValueError(f"{n} prefixes, {len(outs)} outputs and {len(pages)} pages")
     if n == 0:
         return []
-    ids = _page_list(pages, num_pages)
-    page_len = layers * 2 * seg
-    dsts = [_flat(o, page_len, f"output {i}", writable=True) for i, o in enumerate(outs)]
+    ids, dsts, page_len = _one_page_each(pool, pages, outs, "output", writable=True)
     prefixes = [bytes(p) for p in prefixes]
     lib = _native(pool, use_native)
     if lib is None:
