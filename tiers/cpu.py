@@ -245,8 +245,6 @@ class CpuTier(Tier):
         self._close_fd = weakref.finalize(self, os.close, made[1].fd) if made else None
         self._arena: np.ndarray | None = made[0] if made else _allocate_arena(self.capacity_bytes, self.pinned)
         self._base = self._arena.ctypes.data
-        self._readonly: np.ndarray | None = self._arena[:]  # what get() slices: its views are read-only with no flag to set
-        self._readonly.flags.writeable = False
         self._alloc = _Allocator(self.capacity_bytes)
         self._blocks: dict[bytes, _Block] = {}
         self._used = 0
@@ -316,23 +314,22 @@ class CpuTier(Tier):
 
     def get(self, key: bytes) -> memoryview | None:
         with self._lock:
-            self._check_open()
-            if self._released:
-                self._drain_released()
-            blk = self._blocks.get(key if type(key) is bytes else bytes(key))
+            arena = self._check_open()
+            self._drain_released()
+            blk = self._blocks.get(bytes(key))
             if blk is None:
                 return None
             if blk.heap is not None:
                 view = blk.heap[:]
-                view.flags.writeable = False
             elif blk.size == 0:
                 return memoryview(b"")
             else:
-                view = self._readonly[blk.offset : blk.offset + blk.size]  # type: ignore[index]
+                view = arena[blk.offset : blk.offset + blk.size]
+            view.flags.writeable = False
             blk.readers += 1
             ref = weakref.ref(view, self._released.append)
             self._leases[id(ref)] = (ref, blk)  # keeps ref alive, so its id stays unique
-        return memoryview(view)
+            return memoryview(view)
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         with self._lock:
@@ -374,7 +371,7 @@ class CpuTier(Tier):
         """Forget every block. Views handed out earlier keep the arena memory alive and valid
         (so do clients' mappings of a shared arena: closing its fd only stops new ones)."""
         with self._lock:
-            self._arena = self._readonly = None
+            self._arena = None
             self._blocks.clear()
             self._used = 0
             self._share = None
