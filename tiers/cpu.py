@@ -144,20 +144,20 @@ def _shared_arena(nbytes: int, huge_pages: bool = False) -> tuple[np.ndarray, Ar
     if not nbytes or not hasattr(os, "memfd_create"):
         return None
     total = ARENA_HEADER + nbytes
-    fd, kind = None, "hugetlb"
-    if huge_pages:
-        whole = -(-total // HUGE_PAGE) * HUGE_PAGE  # whole huge pages: both sides map (and unmap) all of it
-        fd = _hugetlb_fd(whole)
-        total = whole if fd is not None else total
-    if fd is None:
+    whole = -(-total // HUGE_PAGE) * HUGE_PAGE  # whole huge pages: both sides map (and unmap) all of it
+    fd = _hugetlb_fd(whole) if huge_pages else None
+    if fd is not None:
+        total, kind = whole, "hugetlb"  # its size is set, every page allocated
+    else:
         kind = _page_kind(shared=True, pinned=False)
         try:
             fd = os.memfd_create("tierkv-cpu-arena", os.MFD_CLOEXEC)
+            os.ftruncate(fd, total)
         except OSError:
+            if fd is not None:
+                os.close(fd)
             return None
     try:
-        if kind != "hugetlb":
-            os.ftruncate(fd, total)
         mem = mmap.mmap(fd, total)
     except OSError:
         os.close(fd)
