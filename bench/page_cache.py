@@ -6,7 +6,9 @@ and read byte ranges with O_DIRECT (no page cache at all) as the cold baseline.
   (an lmdb environment maps its data file) and the data was fsynced when written.
 - ``resident_fraction``: the share of the file's pages in the page cache, from ``mincore`` on a
   fresh read-only mapping: the evidence that a drop worked.
-- ``DirectReader``: ``O_DIRECT`` reads into one page-aligned buffer from an anonymous mmap.
+- ``DirectReader``: ``O_DIRECT`` reads into one page-aligned buffer from an anonymous mmap
+  (``read``: valid until the next read), or into a fresh one per read (``read_fresh``: memory
+  the caller owns, as a tier's ``get`` result is).
   O_DIRECT needs aligned offsets and lengths, so a range is read from the page boundary below it
   to the page boundary above it (at most two extra pages of I/O per range). With ``workers > 1``
   a range is read as ``chunk_bytes`` pieces by that many threads at once (``preadv`` releases the
@@ -107,6 +109,18 @@ class DirectReader:
         if sum(got) < offset + length - start:
             raise PageCacheError(0, f"short O_DIRECT read: {sum(got)} of {end - start} bytes at {start}")
         return self._view[offset - start : offset - start + length]
+
+    def read_fresh(self, offset: int, length: int) -> memoryview:
+        """The bytes [offset, offset + length) in memory of their own (a fresh anonymous mmap the
+        returned view keeps alive): owned by the caller, as a tier's ``get`` result is, with no
+        copy after the read. One request per range."""
+        start, end = _align_down(offset), _align_up(offset + length)
+        buf = mmap.mmap(-1, end - start)
+        view = memoryview(buf)
+        got = os.preadv(self._fd, [view], start)
+        if got < offset + length - start:
+            raise PageCacheError(0, f"short O_DIRECT read: {got} of {end - start} bytes at {start}")
+        return view[offset - start : offset - start + length]
 
     def _read_piece(self, base: int, lo: int, hi: int) -> int:
         """Read file bytes [lo, hi) into the buffer at lo - base; returns the count read."""

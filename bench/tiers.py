@@ -8,7 +8,8 @@ settings (bench.tier_baselines), on the same bytes from the same place:
         arena --no-shm-arena gives, measured the same way, labelled)
   disk  get (lmdb, copy out of the read txn)   vs  raw lmdb txn.get, env opened with the tier's flags
         cold: get after dropping the file's pages  vs  the fastest of raw lmdb and O_DIRECT reads of the
-        same bytes, pages dropped too (bench.tier_disk)
+        same bytes into memory the caller owns, pages dropped too (bench.tier_disk; cold_view_ratio:
+        against O_DIRECT reads left in a buffer the next read reuses)
   s3    get                                    vs  boto3 get_object().read() with S3Tier's Config
   redis get                                    vs  redis-py GET, hiredis, RedisTier's socket read size;
                                                    one MGET of every key reported beside (mget_gbps)
