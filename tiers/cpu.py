@@ -58,6 +58,7 @@ class _Block:
     size: int
     offset: int = -1
     heap: np.ndarray | None = None
+    view: np.ndarray | None = None  # read-only view of its bytes (made once, at put: get stays cheap)
     readers: int = 0  # live exported views
     dead: bool = False  # deleted/overwritten while views were alive
 
@@ -271,7 +272,7 @@ class CpuTier(Tier):
         if blk.offset >= 0:
             self._alloc.free(blk.offset, blk.size)
             blk.offset = -1
-        blk.heap = None
+        blk.heap = blk.view = None
 
     def _retire(self, blk: _Block) -> None:
         """Drop a block from the index; free its bytes now, or when its last view goes."""
@@ -302,8 +303,11 @@ class CpuTier(Tier):
             self._used += n
         if blk.offset >= 0:
             arena[blk.offset : blk.offset + n] = np.frombuffer(src, dtype=np.uint8)
+            blk.view = arena[blk.offset : blk.offset + n]
         elif n:  # no free run (fragmented, or runs held by live views): keep a heap copy
-            blk.heap = np.frombuffer(src, dtype=np.uint8).copy()
+            blk.heap = blk.view = np.frombuffer(src, dtype=np.uint8).copy()
+        if blk.view is not None:
+            blk.view.flags.writeable = False  # what get hands out derives from it: read-only too
         with self._lock:
             if self._arena is not arena:  # closed while we copied
                 raise TierError(self.name, "tier is closed")
@@ -313,23 +317,24 @@ class CpuTier(Tier):
             self._blocks[key] = blk
 
     def get(self, key: bytes) -> memoryview | None:
+        # Lean on purpose: a get follows a multi-MB copy (the previous block's), which leaves the
+        # interpreter's caches cold, so every object made here costs several times what it costs
+        # in a loop (bench.tiers cpu measures the get against a plain copy).
         with self._lock:
-            arena = self._check_open()
-            self._drain_released()
-            blk = self._blocks.get(bytes(key))
+            if self._arena is None:
+                raise TierError(self.name, "tier is closed")
+            if self._released:
+                self._drain_released()
+            blk = self._blocks.get(key if type(key) is bytes else bytes(key))
             if blk is None:
                 return None
-            if blk.heap is not None:
-                view = blk.heap[:]
-            elif blk.size == 0:
+            if blk.view is None:
                 return memoryview(b"")
-            else:
-                view = arena[blk.offset : blk.offset + blk.size]
-            view.flags.writeable = False
+            view = blk.view.view()  # a new array per get: its weakref is this reader's lease
             blk.readers += 1
             ref = weakref.ref(view, self._released.append)
             self._leases[id(ref)] = (ref, blk)  # keeps ref alive, so its id stays unique
-            return memoryview(view)
+        return memoryview(view)
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         with self._lock:
