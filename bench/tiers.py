@@ -5,7 +5,8 @@ tier is measured against the strongest direct call of its own library with the t
 settings (bench.tier_baselines), on the same bytes from the same place:
   cpu   get (memoryview) copied into a buffer  vs  numpy copy of the same arrays into that buffer
         (the default arena: a memfd clients map, ``page_kind`` its pages; ``private_arena``: the
-        arena --no-shm-arena gives, measured the same way, labelled)
+        arena --no-shm-arena gives, measured the same way, labelled; ``same_memory``: the same
+        gets against a copy straight out of the arena, i.e. the wrapper alone, without its pages)
   disk  get (lmdb, copy out of the read txn)   vs  raw lmdb txn.get, env opened with the tier's flags
         cold: get after dropping the file's pages  vs  the fastest of raw lmdb and O_DIRECT reads of the
         same bytes into memory the caller owns, pages dropped too (bench.tier_disk; cold_view_ratio:
@@ -76,17 +77,33 @@ def bench_cpu(blocks: list[Block], reps: int, huge_pages: bool = False) -> dict[
         src = np.frombuffer(view, dtype=np.uint8)  # type: ignore[call-overload]
         np.copyto(dst[: src.nbytes], src)
 
+    def same_memory(tier: CpuTier) -> dict[str, Any]:
+        """The same gets against a copy of the same bytes out of the arena itself (views of it
+        taken once, after the puts): what the wrapper costs, without what its pages cost."""
+        held: dict[bytes, np.ndarray] = {}
+
+        def arena_get(k: bytes, a: np.ndarray) -> None:
+            if k not in held:
+                held[k] = np.frombuffer(tier.get(k), dtype=np.uint8)  # type: ignore[arg-type]
+            np.copyto(dst[: a.nbytes], held[k])
+
+        res = measure(tier, blocks, arena_get, reps, consume).figures()
+        held.clear()
+        return {k: res[k] for k in ("get_gbps", "raw_gbps", "ratio", "paired_ratio")}
+
     capacity = 4 * sum(a.nbytes for _, a in blocks)
     with CpuTier(capacity, huge_pages=huge_pages) as tier:
         out = measure(tier, blocks, raw_get, reps, consume).figures()
         out["pinned"] = tier.pinned
         out["page_kind"] = tier.page_kind
         out["shared_arena"] = tier.share() is not None
+        out["same_memory"] = same_memory(tier)
     with CpuTier(capacity, shared=False) as tier:
         private = measure(tier, blocks, raw_get, reps, consume).figures()
         out["private_arena"] = {k: private[k] for k in ("get_gbps", "raw_gbps", "ratio", "paired_ratio")}
         out["private_arena"]["page_kind"] = tier.page_kind
     out["baseline"] = "numpy copy of the same bytes (one contiguous array) into a preallocated buffer"
+    out["same_memory_baseline"] = "numpy copy of the same bytes out of the arena itself (views taken once)"
     out["get_mode"] = "zero-copy view, then copied into the same kind of buffer"
     return out
 

@@ -167,6 +167,27 @@ def test_returned_value_outlives_overwrite_and_delete(tier: Tier) -> None:
     assert as_bytes(held_too) == blob(MiB, 61)
 
 
+def test_what_is_derived_from_a_returned_value_outlives_it_too(tier: Tier) -> None:
+    """A slice or numpy array made from what ``get`` returned keeps those bytes after the value
+    itself is dropped and the key deleted (the cpu tier reuses arena bytes only when nothing
+    derived from its view is left), and once they go too, the space is reused."""
+    first = blob(MiB, 70)
+    tier.put(b"k", first)
+    got = tier.get(b"k")
+    part = memoryview(got)[100:]
+    arr = np.frombuffer(memoryview(got)[: MiB // 2], dtype=np.uint8)
+    del got
+    tier.delete(b"k")
+    for i in range(3):
+        tier.put(b"other-%d" % i, blob(MiB, 71 + i))  # would land on the freed run if freed too early
+    assert bytes(part) == first[100:] and arr.tobytes() == first[: MiB // 2]
+    del part, arr
+    for i in range(3):
+        tier.delete(b"other-%d" % i)
+    tier.put(b"again", blob(MiB, 80))
+    assert as_bytes(tier.get(b"again")) == blob(MiB, 80)
+
+
 def test_capacity_is_reusable(tier_factory) -> None:  # type: ignore[no-untyped-def]
     """Fill to capacity, free, fill again: freed bytes come back (arena runs, lmdb pages)."""
     small = tier_factory(capacity_bytes=4 * MiB)
