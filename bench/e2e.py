@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core box, 2 OpenMP threads spin against other work)")
     ap.add_argument("--skip-workloads", action="store_true")
+    ap.add_argument("--cpu-huge-pages", action="store_true",
+                    help="the cpu daemon's arena in reserved hugetlb pages (kvstore serve --cpu-huge-pages; needs "
+                         "vm.nr_hugepages >= 1026 for its 2 GiB, else it falls back to 4 KiB pages and says so in "
+                         "its log)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("connector").setLevel(logging.WARNING)
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts()
     from bench.servers import seaweedfs_s3
 
-    result: dict = {"quick": a.quick, "threads": a.threads}
+    result: dict = {"quick": a.quick, "threads": a.threads, "cpu_huge_pages": a.cpu_huge_pages}
     b = Bench(load_model(""), a.threads)
     from connector.calibrate import calibrate_prefill
 
@@ -81,11 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         s3_env = {"AWS_ACCESS_KEY_ID": ep.access_key, "AWS_SECRET_ACCESS_KEY": ep.secret_key,
                   "AWS_DEFAULT_REGION": ep.region}
         daemons = {
-            "cpu": stack.enter_context(kv_daemon(work / "cpu", "--cpu", "2GiB")),
+            "cpu": stack.enter_context(kv_daemon(work / "cpu", "--cpu", "2GiB",
+                                                 *(["--cpu-huge-pages"] if a.cpu_huge_pages else []))),
             "disk": stack.enter_context(kv_daemon(work / "disk", "--disk", f"{work / 'disk' / 'lmdb'}:4GiB")),
             "s3": stack.enter_context(kv_daemon(work / "s3", "--s3", f"s3://tierkv-e2e/{uuid.uuid4().hex[:8]}",
                                                 "--s3-endpoint", ep.url, env=s3_env)),
         }
+        arena = [ln.split("cpu tier: ", 1)[1] for ln in (work / "cpu" / "daemon.log").read_text().splitlines()
+                 if "cpu tier: " in ln and " arena, " in ln]
+        result["cpu_arena"] = arena[0] if arena else "unknown"  # what the cpu daemon's arena got
         h = headline(b, daemons, 2048, 3 if a.quick else 5)
         result["headline"] = h
         result["replicas"] = replicas(b, daemons["cpu"], 2 if a.quick else 4, 1024 if a.quick else 2048)
