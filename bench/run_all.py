@@ -42,6 +42,7 @@ BENCHES: dict[str, list[Figure]] = {
               Figure("tiers.redis.ratio", 0.9), Figure("tiers.disk.cold_ratio", 0.7), Figure("daemon.vs_redis", 3.0),
               Figure("daemon.concurrent_scaling", 1.5), Figure("daemon.tcp_get_gbps", 1.0)],
     "e2e": [Figure("cold_ttft_reps", 3), Figure("load_over_floor_cpu", 2.0, "<="),
+            Figure("load_over_cold_memcpy_cpu", None),
             Figure("cost_model.accuracy", 0.9), Figure("cost_model.regret", 0.05, "<="),
             Figure("cost_model.grid_cases", 12), Figure("fidelity_identical", True, "==")],
     "kernels": [Figure("ops.unpack_verify.native_over_memcpy", 0.7), Figure("ops.unpack_verify.native_over_fallback", 1.0),
