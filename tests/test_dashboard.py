@@ -52,13 +52,15 @@ def daemon(tmp: Path, cpu_blocks: int = 4) -> Iterator[Daemon]:
 def traffic(d: Daemon, first: int, n: int) -> None:
     """Puts (the cpu tier spills to disk), reads of everything (disk hits are promoted), and
     lookups of these blocks, of the first four (evicted lately once they fell off disk) and of one
-    never stored."""
+    never stored. Reads go newest first: the blocks still in the cpu tier are read before any
+    promotion can push them out of it (read oldest first, each promoted block evicted the next
+    one to be read, and whether that was a cpu or a disk hit depended on the spiller's timing)."""
     with KVStoreClient(d.address) as c:
         items = [_block(i) for i in range(first, first + n)]
         c.put_many(items)
         assert d.store.flush(60)
         keys = [k for k, _ in items]
-        c.get_many(keys)
+        c.get_many(keys[::-1])
         older = [_block(i)[0] for i in range(min(first, 4))]  # the first blocks: fallen off disk by now
         c.lookup(older + keys + [_block(10_000 + first)[0]])
 
