@@ -7,6 +7,9 @@ speedup
     baseline time / our time.
 memcpy_floor_s
     the physics of the bytes a load moves: bytes / memcpy bandwidth measured in the same run.
+copy_bandwidth
+    bytes / the median of copies of them timed in the load's cache state (the floor of
+    ``load_over_cold_memcpy_cpu``, beside the best-memcpy floor of ``load_over_floor_cpu``).
 load_over_floor
     median measured load time / memcpy_floor_s of its bytes (1 = a load as fast as one memcpy).
 ttft_floor_ratio
@@ -59,6 +62,13 @@ def memcpy_floor_s(nbytes: int, memcpy_bytes_per_s: float) -> float:
     if nbytes <= 0 or memcpy_bytes_per_s <= 0:
         raise FigureError(f"memcpy floor: bytes {nbytes} and bandwidth {memcpy_bytes_per_s} must be > 0")
     return nbytes / memcpy_bytes_per_s
+
+
+def copy_bandwidth(nbytes: int, copy_s: Sequence[float]) -> float:
+    """Bytes/s of copies of ``nbytes`` timed ``copy_s`` (their median: the cold-copy floor)."""
+    if nbytes <= 0:
+        raise FigureError(f"copy bandwidth: bytes {nbytes} must be > 0")
+    return nbytes / statistics.median(_positive(copy_s, "copy_bandwidth"))
 
 
 def load_over_floor(load_s: Sequence[float], nbytes: int, memcpy_bytes_per_s: float) -> float:

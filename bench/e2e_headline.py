@@ -81,7 +81,7 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
     for eng2 in engines.values():
         detach_tierkv(eng2)
     bw = memcpy_bandwidth()
-    cold_bw = copy_src.nbytes / statistics.median(cold_copies)
+    cold_bw = fig.copy_bandwidth(copy_src.nbytes, cold_copies)
     suffix = fig.repeated_median(radix_ttfts, reps)
     cold_ttft = fig.repeated_median(cold_ttfts, reps)
     cpu_loads = [w["load_s"] for w in warm_runs["cpu"] if w["load_s"]]

@@ -30,6 +30,17 @@ def test_load_over_floor_is_the_load_against_memcpy_alone() -> None:
         fig.load_over_floor([], 100 * MB, 10e9)
 
 
+def test_load_over_a_cold_copy_uses_the_median_copy_of_the_same_state() -> None:
+    # copies of 100 MB timed at 20, 30 and 25 ms: 4 GB/s; a 20 ms load is then 0.8x that copy
+    bw = fig.copy_bandwidth(100 * MB, [0.02, 0.03, 0.025])
+    assert bw == pytest.approx(4e9)
+    assert fig.load_over_floor([0.02], 100 * MB, bw) == pytest.approx(0.8)
+    with pytest.raises(fig.FigureError):
+        fig.copy_bandwidth(100 * MB, [])
+    with pytest.raises(fig.FigureError):
+        fig.copy_bandwidth(0, [0.02])
+
+
 def test_old_ttft_floor_ratio_hides_a_slow_load() -> None:
     """Why it is secondary: with 1 s of suffix compute both sides pay, a load 5x its floor barely moves it."""
     slow_load = fig.ttft_floor_ratio(1.0 + 0.05, 100 * MB, 10e9, 1.0)
