@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     result.update({
         "cold_ttft_s": h["cold_ttft_s"], "cold_ttft_reps": h["cold_ttft_reps"], "warm_ttft_s": h["warm_ttft_s"],
         "speedup_cpu": h["speedup_cpu"], "load_over_floor_cpu": h["load_over_floor_cpu"],
-        "load_over_cold_memcpy_cpu": h["load_over_cold_memcpy_cpu"], "floor_ratio_cpu": h["floor_ratio_cpu"], "fidelity_identical": h["fidelity_identical"] and identical,
+        "load_over_cold_memcpy_cpu": h["load_over_cold_memcpy_cpu"], "floor_ratio_cpu": h["floor_ratio_cpu"],
+        "fidelity_identical": h["fidelity_identical"] and identical,
         "replica_hit_rate": result["replicas"]["replica_hit_rate"],
         "machine": machine, "wall_s": time.monotonic() - t_start,
     })

@@ -328,9 +328,8 @@ class CpuTier(Tier):
         # interpreter's caches cold, so every object made here costs several times what it costs
         # in a loop (bench.tiers cpu measures the get against a plain copy).
         with self._lock:
-            if self._arena is None:
-                raise TierError(self.name, "tier is closed")
-            blk = self._blocks.get(key if type(key) is bytes else bytes(key))
+            self._check_open()
+            blk = self._blocks.get(bytes(key))
             if blk is None:
                 return None
             # exported under the lock: the reference it holds is what defers reuse of the bytes
