@@ -92,13 +92,15 @@ def probe_daemon(client: KVStoreClient, loader: Loader, engine, n_blocks: int = 
     client.deadline_s = deadline_s
     client.put_many([(k, encode_block(k, arr, dtype=dtype, shape=arr.shape, layout=LAYOUT)) for k in keys])
     try:
-        tiers = loader.lookup(keys, deadline_s)
+        found = loader.lookup_all(keys, deadline_s, in_place=True)  # loads then go as the connector's do
+        tiers = found.tiers[: found.prefix_len]
         tier = tiers[0] if tiers and tiers[0] else "cpu"
 
         def timed(n: int) -> float:
             best = float("inf")
             for _ in range(3):
-                t = _with_scratch(engine, n, lambda pages: loader.load(keys[:n], pages, deadline_s).seconds)
+                t = _with_scratch(engine, n, lambda pages: loader.load(keys[:n], pages, deadline_s,
+                                                                       in_place=found.in_place).seconds)
                 if t is None:
                     return float("nan")
                 best = min(best, t)

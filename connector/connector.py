@@ -36,6 +36,7 @@ from kvstore.client import KVStoreClient
 from kvstore.errors import KVStoreError
 from kvstore.keys import BlockKey
 from kvstore.retry import Retry
+from kvstore.store_types import InPlace
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class LoadPlan(NamedTuple):
     keys: list[BlockKey]  # keys of the pages to load, in order
     tiers: list[str | None]
     decision: Decision
+    in_place: InPlace | None = None  # where the lookup found the leading ones in the daemon's cpu arena
 
 
 class KVConnector:
@@ -137,7 +139,7 @@ class KVConnector:
             return None
         keys = self._keys(req, loadable)[start:]
         try:
-            found = self._lookup_client.lookup(keys, deadline_s=self.cfg.lookup_deadline_s)
+            found = self._lookup_client.lookup(keys, deadline_s=self.cfg.lookup_deadline_s, in_place=True)
         except KVStoreError as e:
             self.metrics.lookups.labels("error").inc()
             st.view = UNAVAILABLE
@@ -157,7 +159,7 @@ class KVConnector:
         if d.pages == 0:
             self._record(req, d, 0.0)
             return None
-        return LoadPlan(keys[: d.pages], tiers[: d.pages], d)
+        return LoadPlan(keys[: d.pages], tiers[: d.pages], d, found.in_place)
 
     def _decide(self, req: Request, tiers: list[str | None], load: EngineLoad) -> Decision:
         """The load-aware decision, with its inputs and what the load changed counted on /metrics.
@@ -194,7 +196,7 @@ class KVConnector:
         """Load ``plan`` into ``pages`` within ``deadline_s``; return how many leading pages arrived
         intact. The whole prefix loads before the forward pass (layer-wise overlap does not pay on
         CPU: docs/architecture.md). Runs on the transfer worker."""
-        res = self.loader.load(plan.keys, pages, deadline_s)
+        res = self.loader.load(plan.keys, pages, deadline_s, in_place=plan.in_place)
         self.metrics.load_seconds.observe(res.seconds)
         if res.failure:
             self.metrics.load_failures.labels(res.failure).inc()

@@ -8,6 +8,11 @@ the bytes then copied. A block is copied once, checksummed in the same pass
 (``connector.native_batch.unpack_verify_many``: source -> pool page, every block of a Get answer
 in one native call on several threads; on an accelerator: -> pinned host staging, then uploaded).
 
+Blocks the lookup located in the daemon's cpu arena (``in_place``, when this client maps it)
+need no Get: they are copied straight from the mapping and verified like any other; the bytes
+are not pinned, so one that fails its checks (reused since the lookup) is asked for again with a
+Get, with everything after it.
+
 How many blocks one Get asks for: when the daemon answers in place from its cpu arena (the
 client mapped it, kvstore/shm.py) the answer is only handles, so one Get asks for the whole
 load; otherwise one Get per ``chunk_bytes`` (what the daemon copies into the segment at once).
@@ -36,7 +41,7 @@ from kvstore.block import BlockHeader, read_header
 from kvstore.client import KVStoreClient
 from kvstore.errors import BlockFormatError, KVStoreError, KVStoreTimeout
 from kvstore.keys import BlockKey
-from kvstore.store_types import LookupResult
+from kvstore.store_types import InPlace, LookupResult
 
 log = logging.getLogger(__name__)
 STAGE_PAGES = 32  # pages staged on the host at once for an accelerator pool
@@ -124,13 +129,18 @@ class Loader:
         res = self.lookup_all(keys, deadline_s)
         return list(res.tiers[: res.prefix_len])
 
-    def lookup_all(self, keys: Sequence[BlockKey], deadline_s: float) -> LookupResult:
-        """The daemon's whole answer: every key's tier, and the tier that evicted an absent one lately."""
-        return self.client.lookup(list(keys), deadline_s=deadline_s)
+    def lookup_all(self, keys: Sequence[BlockKey], deadline_s: float, in_place: bool = False) -> LookupResult:
+        """The daemon's whole answer: every key's tier, and the tier that evicted an absent one lately
+        (``in_place``: and where the leading ones lie in its cpu arena, for ``load``)."""
+        return self.client.lookup(list(keys), deadline_s=deadline_s, in_place=in_place)
 
-    def load(self, keys: Sequence[BlockKey], pages: Sequence[int], deadline_s: float) -> LoadResult:
+    def load(self, keys: Sequence[BlockKey], pages: Sequence[int], deadline_s: float,
+             in_place: InPlace | None = None) -> LoadResult:  # fmt: skip
+        """``in_place``: where the lookup found the leading blocks in the daemon's cpu arena; those
+        are copied from this client's mapping of it with no Get, and the first that fails its
+        checks (its bytes were reused since) is asked for again with a Get, like the rest."""
         with self._lock:
-            return self._load(keys, pages, deadline_s)
+            return self._load(keys, pages, deadline_s, in_place)
 
     def _check(self, key: BlockKey, mv: memoryview) -> tuple[BlockHeader, memoryview] | str:
         """The block's header (a private copy) and payload view, or why it cannot be this page."""
@@ -143,10 +153,56 @@ class Loader:
             return f"mismatch: key/shape {hdr.shape}/dtype {hdr.dtype}"
         return hdr, mv[hdr.size :]
 
-    def _load(self, keys: Sequence[BlockKey], pages: Sequence[int], deadline_s: float) -> LoadResult:
+    def _copy(self, chunk: Sequence[BlockKey], chunk_pages: Sequence[int], items: list[tuple[int, memoryview]],
+              end: float, good: list[bool | None], bad: dict[int, str]) -> None:
+        """Check, copy and verify ``items`` (index in ``chunk``, block bytes) into ``chunk_pages``:
+        ``good[i]`` True (verified in its page), False (refused: ``bad[i]`` says why) or None (the
+        deadline came first)."""
+        idx, headers, payloads = [], [], []
+        for i, mv in items:
+            checked = self._check(chunk[i], mv)
+            if isinstance(checked, str):
+                good[i] = False
+                bad[i] = checked
+                continue
+            idx.append(i)
+            headers.append(checked[0])
+            payloads.append(checked[1])
+        if not idx:
+            return
+        res = self._copier.copy_many([chunk_pages[i] for i in idx], headers, payloads, end - time.perf_counter())
+        for i, r in zip(idx, res, strict=True):
+            good[i] = r
+            if r is False:
+                bad[i] = f"checksum mismatch for block {chunk[i].hex()[:16]} (as copied)"
+
+    def _load_in_place(self, keys: Sequence[BlockKey], pages: Sequence[int], in_place: InPlace,
+                       end: float) -> tuple[int, bool]:  # fmt: skip
+        """Copy the leading blocks ``in_place`` locates straight from the arena: (how many arrived
+        intact, whether the deadline stopped it)."""
+        views = self.client.in_place_views(in_place)[: len(keys)]
+        if not views:
+            return 0, False
+        self._throttle(len(views), end - time.perf_counter())
+        good: list[bool | None] = [None] * len(views)
+        bad: dict[int, str] = {}
+        self._copy(keys, pages, list(enumerate(views)), end, good, bad)
+        del views  # this client's mapping outlives them; nothing of the daemon's is held
+        n = next((i for i, g in enumerate(good) if g is not True), len(good))
+        if n < len(good) and good[n] is False:  # reused since the lookup: a Get answers for it
+            log.debug("in-place read of block %s refused (%s): asking the daemon", keys[n].hex()[:16], bad[n])
+        return n, n < len(good) and good[n] is None
+
+    def _load(self, keys: Sequence[BlockKey], pages: Sequence[int], deadline_s: float,
+              in_place: InPlace | None = None) -> LoadResult:  # fmt: skip
         t0 = time.perf_counter()
         end = t0 + deadline_s
         ok, start, failure = 0, 0, ""
+        if in_place is not None:
+            ok, late = self._load_in_place(keys, pages, in_place, end)
+            start = ok
+            if late:
+                return LoadResult(ok, time.perf_counter() - t0, "deadline")
         while start < len(keys):
             left = end - time.perf_counter()
             if left <= 0:
@@ -162,26 +218,9 @@ class Loader:
             good: list[bool | None] = [None] * len(chunk)
             bad: dict[int, str] = {}  # why a block was refused
 
-            def consume(items: list[tuple[int, memoryview]], start: int = start, chunk: list = chunk,
-                        good: list = good, bad: dict = bad) -> None:
-                idx, headers, payloads = [], [], []
-                for i, mv in items:
-                    checked = self._check(chunk[i], mv)
-                    if isinstance(checked, str):
-                        good[i] = False
-                        bad[i] = checked
-                        continue
-                    idx.append(i)
-                    headers.append(checked[0])
-                    payloads.append(checked[1])
-                if not idx:
-                    return
-                res = self._copier.copy_many([pages[start + i] for i in idx], headers, payloads,
-                                             end - time.perf_counter())
-                for i, r in zip(idx, res, strict=True):
-                    good[i] = r
-                    if r is False:
-                        bad[i] = f"checksum mismatch for block {chunk[i].hex()[:16]} (as copied)"
+            def consume(items: list[tuple[int, memoryview]], chunk: list = chunk, good: list = good, bad: dict = bad,
+                        chunk_pages: Sequence[int] = pages[start : start + len(chunk)]) -> None:
+                self._copy(chunk, chunk_pages, items, end, good, bad)
 
             try:
                 found = self.client.read_batches(chunk, consume, deadline_s=left)

@@ -43,7 +43,7 @@ from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.retry import Retry
 from kvstore.shm import ArenaMap, Handle, ShmPool, ShmSegment
-from kvstore.store_types import LookupResult, StoreStats, TenantStats, TierStats
+from kvstore.store_types import InPlace, LookupResult, StoreStats, TenantStats, TierStats
 from kvstore.stream_client import StreamChannel
 from tiers.base import Buffer
 
@@ -209,13 +209,40 @@ class KVStoreClient:
         return self._arena is not None and self._shm.enabled
 
     # -- API -----------------------------------------------------------------------------
-    def lookup(self, keys: Sequence[bytes], read: bool = True, deadline_s: float | None = None) -> LookupResult:
+    def lookup(self, keys: Sequence[bytes], read: bool = True, deadline_s: float | None = None,
+               in_place: bool = False) -> LookupResult:  # fmt: skip
         """``read=False``: a writer checking what is held (the daemon does not count it as a read).
-        ``deadline_s``: this call's deadline (default: the client's)."""
-        req = pb.LookupRequest(keys=list(keys), write_check=not read)
+        ``deadline_s``: this call's deadline (default: the client's). ``in_place``: also ask where
+        the leading keys lie in the daemon's cpu arena (``LookupResult.in_place``, None when the
+        daemon shares none): a client that maps it reads them from there with no Get
+        (``in_place_views``), and the daemon counts them as read."""
+        req = pb.LookupRequest(keys=list(keys), write_check=not read, in_place=in_place and read)
         timeout = self.deadline_s if deadline_s is None else deadline_s
         resp = self._call(lambda: self._stub.Lookup(req, timeout=timeout))
-        return LookupResult(resp.prefix_len, [t or None for t in resp.tiers], [t or None for t in resp.evicted_from])
+        where = None
+        if resp.arena_token:
+            where = InPlace(resp.arena_token, [(o, n) if n else None
+                                               for o, n in zip(resp.arena_offsets, resp.arena_lengths, strict=True)])
+        return LookupResult(resp.prefix_len, [t or None for t in resp.tiers], [t or None for t in resp.evicted_from],
+                            where)
+
+    def in_place_views(self, where: InPlace) -> list[memoryview]:
+        """Read-only views of the leading blocks ``where`` (a lookup's answer) locates, in this
+        client's mapping of the daemon's arena: as many as are located from the first on, none when
+        this client maps no arena or another one (the daemon restarted). The bytes are not pinned:
+        they may be another block's by the time they are read, so verify what is copied."""
+        arena = self._arena if self._arena_use is not False else None
+        if arena is None or arena.token != where.arena_token:
+            return []
+        views = []
+        for span in where.spans:
+            if span is None:
+                break
+            try:
+                views.append(arena.view(*span))
+            except ValueError:  # not in this mapping: stop there
+                break
+        return views
 
     def delete(self, key: bytes | Sequence[bytes]) -> bool | int:
         """Delete one block (-> whether it was present). A sequence of keys is also accepted

@@ -82,8 +82,15 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             keys = list(request.keys)
             _check_keys(keys)
             res = self.store.lookup(keys, read=not request.write_check)
-            return pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
+            resp = pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
                                      evicted_from=[t or "" for t in res.evicted_from])
+            share = self.arena.share() if self.arena is not None and request.in_place else None
+            if share is not None and not request.write_check:
+                spans = self.store.read_in_place(keys[: res.prefix_len], self.arena.locate)  # type: ignore[union-attr]
+                resp.arena_offsets.extend(s[0] if s else 0 for s in spans)
+                resp.arena_lengths.extend(s[1] if s else 0 for s in spans)
+                resp.arena_token = share.token
+            return resp
 
         return self._run(context, go)
 

@@ -6,10 +6,20 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 
+class InPlace(NamedTuple):
+    """Where a lookup's leading keys lie in the daemon's cpu arena (``arena_token`` names it):
+    per key (offset, length) in the arena's file, None where the key is not in it. Not pinned:
+    a reader that copies from there verifies what it copied, and asks with a Get where that fails."""
+
+    arena_token: bytes
+    spans: list[tuple[int, int] | None]
+
+
 class LookupResult(NamedTuple):
     prefix_len: int  # how many leading keys are present, contiguously
     tiers: list[str | None]  # tier name holding each key (fastest first), None = absent
     evicted_from: Sequence[str | None] = ()  # per key: an absent key's tier that evicted it lately, else None
+    in_place: InPlace | None = None  # asked for (lookup in_place=True) and the daemon has a shared arena
 
 
 class TierStats(NamedTuple):

@@ -143,6 +143,34 @@ class TieredStore:
     def get(self, key: bytes) -> bytes | None:
         return self.read(key, bytes)
 
+    def read_in_place(self, keys: Sequence[bytes], locate: Callable[[bytes], T | None]) -> list[T | None]:
+        """Where the top level holds each key, for a reader that copies the bytes itself (the
+        daemon's cpu arena, which same-host clients map): ``locate(key)`` for each key the top
+        level holds, None for the others, stopping at the first key it cannot locate. Each located
+        key counts as a read of the top level (a hit, its recency, the access trace), as a Get of
+        it would; nothing is pinned, so the reader verifies what it copied."""
+        out: list[T | None] = [None] * len(keys)
+        sizes: list[int] = []
+        with self._lock:
+            self._check_open()
+            top = self.levels[0]
+            for i, k in enumerate(keys):
+                loc = None if k in self._pending or not top.has(k) else \
+                    self._state.guard(top, lambda k=k: locate(k))  # fmt: skip
+                if loc is None:
+                    break
+                out[i] = loc
+                size = top.index[k]
+                sizes.append(size)
+                top.touch(k)
+                top.counters.hits += 1
+                top.counters.read_bytes += size
+                self._state.hit(k)
+        if (access := self.access) is not None:
+            for k, size in zip(keys, sizes, strict=False):  # sizes: the located leading run
+                access(OP_GET, k, size, 0)
+        return out
+
     @property
     def max_block_bytes(self) -> int:
         """The largest block any level can hold; larger puts raise BlockTooLarge."""

@@ -52,7 +52,7 @@ def _absent(c: KVStoreClient, *keys: bytes) -> None:
 
 def test_unknown_keys_miss(client: KVStoreClient) -> None:
     assert client.get_many([b"nope-1", b"nope-2"]) == [None, None]
-    assert client.lookup([b"nope-1", GOOD_KEY]) == (0, [None, "cpu"], [None, None])
+    assert client.lookup([b"nope-1", GOOD_KEY]) == (0, [None, "cpu"], [None, None], None)
     assert client.delete_many([b"nope-1"]) == 0
 
 

@@ -54,7 +54,7 @@ def test_write_through_is_shared_between_nodes(redis_url: str, prefix: bytes) ->
             a.put(_k(i), _v(i))
         a.flush()  # write-through copies are queued at put time; flush waits for them
         assert a.lookup([_k(0)]).tiers == ["cpu"]  # still in a's cpu tier, and already in redis:
-        assert b.lookup([_k(i) for i in range(4)]) == (3, ["redis", "redis", "redis", None], [None] * 4)
+        assert b.lookup([_k(i) for i in range(4)]) == (3, ["redis", "redis", "redis", None], [None] * 4, None)
         assert b.get(_k(1)) == _v(1)  # node b reads it from redis and promotes it locally
         assert b.lookup([_k(1)]).tiers == ["cpu"]
         assert b.delete(_k(2)) and a.lookup([_k(2)]).tiers == ["cpu"] and b.lookup([_k(2)]).tiers == [None]

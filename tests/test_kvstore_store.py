@@ -68,7 +68,7 @@ def test_spill_to_disk_and_capacity(tmp_path: Path) -> None:
         res = s.lookup([_k(i) for i in range(12, 20)])
         assert res.prefix_len == 8
         assert res.tiers == ["disk"] * 4 + ["cpu"] * 4
-        assert s.lookup([_k(0), _k(19)]) == (0, [None, "cpu"], ["disk", None])  # k0 fell off disk lately
+        assert s.lookup([_k(0), _k(19)]) == (0, [None, "cpu"], ["disk", None], None)  # k0 fell off disk lately
         assert s.get(_k(13)) == _v(13)
 
 

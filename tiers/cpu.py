@@ -141,8 +141,10 @@ def _hugetlb_fd(total: int) -> int | None:
         return None
 
 
-def _shared_arena(nbytes: int, huge_pages: bool = False) -> tuple[np.ndarray, ArenaShare, str] | None:
-    """An arena in a memfd and the kind of its pages (None where there is no memfd_create, or it fails)."""
+def shared_arena(nbytes: int, huge_pages: bool = False) -> tuple[np.ndarray, ArenaShare, str] | None:
+    """An arena in a memfd and the kind of its pages (None where there is no memfd_create, or it
+    fails). The caller owns the fd (``ArenaShare.fd``). Also the memory bench.tiers copies its
+    cpu baseline out of: the same kind of pages as the tier's."""
     if not nbytes or not hasattr(os, "memfd_create"):
         return None
     total = ARENA_HEADER + nbytes
@@ -234,7 +236,7 @@ class CpuTier(Tier):
         ``huge_pages``: back a shared arena with reserved hugetlb pages when there are enough."""
         super().__init__(capacity_bytes)
         self.pinned = _want_pinned() if pinned is None else pinned
-        made = None if self.pinned or shared is False else _shared_arena(self.capacity_bytes, huge_pages)
+        made = None if self.pinned or shared is False else shared_arena(self.capacity_bytes, huge_pages)
         if shared and made is None:
             raise TierError(self.name, "cannot make a shared arena (no memfd_create, or it failed)")
         self._share: ArenaShare | None = made[1] if made else None
@@ -359,6 +361,19 @@ class CpuTier(Tier):
     def share(self) -> ArenaShare | None:
         """How to map the arena from another process on this host (None: not shared, or closed)."""
         return self._share
+
+    def locate(self, key: bytes) -> tuple[int, int] | None:
+        """(offset in the shared arena's file, length) of ``key``'s bytes, or None (absent, a heap
+        copy, empty, no shared arena). Not a pin: once the key goes its bytes may be reused, so a
+        reader that copies them without a lease must verify what it copied (kvstore/block.py)."""
+        if self._share is None:
+            return None
+        with self._lock:
+            self._check_open()
+            blk = self._blocks.get(bytes(key))  # published only once its bytes are all there
+            if blk is None or blk.offset < 0 or not blk.size:
+                return None
+            return ARENA_HEADER + blk.offset, blk.size
 
     def arena_offset(self, view: memoryview) -> int | None:
         """Offset in the shared arena's file of the bytes ``view`` (from ``get``) shows, or None

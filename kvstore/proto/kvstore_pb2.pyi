@@ -15,22 +15,30 @@ STORED: PutStatus
 ALREADY_PRESENT: PutStatus
 
 class LookupRequest(_message.Message):
-    __slots__ = ("keys", "write_check")
+    __slots__ = ("keys", "write_check", "in_place")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     WRITE_CHECK_FIELD_NUMBER: _ClassVar[int]
+    IN_PLACE_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     write_check: bool
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., write_check: _Optional[bool] = ...) -> None: ...
+    in_place: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., write_check: _Optional[bool] = ..., in_place: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("prefix_len", "tiers", "evicted_from")
+    __slots__ = ("prefix_len", "tiers", "evicted_from", "arena_offsets", "arena_lengths", "arena_token")
     PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FROM_FIELD_NUMBER: _ClassVar[int]
+    ARENA_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    ARENA_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    ARENA_TOKEN_FIELD_NUMBER: _ClassVar[int]
     prefix_len: int
     tiers: _containers.RepeatedScalarFieldContainer[str]
     evicted_from: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, prefix_len: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., evicted_from: _Optional[_Iterable[str]] = ...) -> None: ...
+    arena_offsets: _containers.RepeatedScalarFieldContainer[int]
+    arena_lengths: _containers.RepeatedScalarFieldContainer[int]
+    arena_token: bytes
+    def __init__(self, prefix_len: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., evicted_from: _Optional[_Iterable[str]] = ..., arena_offsets: _Optional[_Iterable[int]] = ..., arena_lengths: _Optional[_Iterable[int]] = ..., arena_token: _Optional[bytes] = ...) -> None: ...
 
 class BlockSpec(_message.Message):
     __slots__ = ("key", "size", "dtype", "shape")
