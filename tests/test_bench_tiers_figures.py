@@ -240,3 +240,37 @@ def test_daemon_bench_reports_copying_headline_and_streamed_path(redis_url):
     for key in ("vs_redis", "vs_redis_views", "get_copy_gbps", "redis_get_gbps", "tcp_get_gbps",
                 "concurrent_scaling", "concurrent_get_gbps_2"):
         assert out[key] > 0, key
+
+
+def _mapping_of(arr: np.ndarray) -> str:
+    """The /proc/self/maps line of the mapping holding ``arr``'s first byte."""
+    addr = arr.ctypes.data
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return line
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps")
+def test_cpu_baseline_copies_out_of_memory_of_the_arenas_kind():
+    """The cpu ratio's baseline reads memory of the kind the tier's arena is: a memfd for the
+    shared arena (not private memory, whose huge pages the memfd cannot have), private memory
+    for a private arena; the bytes a baseline reads are the blocks' own, at aligned offsets."""
+    from bench.tiers import _laid_out, baseline_memory
+    from tiers.cpu import CpuTier
+
+    with CpuTier(1 << 22) as shared, CpuTier(1 << 22, shared=False) as private:
+        mem, kind = baseline_memory(shared, 1 << 21, huge_pages=False)
+        assert kind == shared.page_kind
+        assert "memfd:tierkv-cpu-arena" in _mapping_of(mem)
+        shared.put(b"x", bytes(range(256)) * 16)
+        assert "memfd:tierkv-cpu-arena" in _mapping_of(np.frombuffer(shared.get(b"x"), np.uint8))  # type: ignore[arg-type]
+        pmem, pkind = baseline_memory(private, 1 << 21, huge_pages=False)
+        assert pkind == private.page_kind
+        assert "memfd:" not in _mapping_of(pmem)
+    rng = np.random.default_rng(0)
+    blocks = [(b"k%d" % i, rng.integers(0, 256, n, dtype=np.uint8)) for i, n in enumerate((100, 4096, 70))]
+    srcs = _laid_out(blocks, mem)
+    for k, a in blocks:
+        assert np.array_equal(srcs[k], a) and (srcs[k].ctypes.data - mem.ctypes.data) % 64 == 0
