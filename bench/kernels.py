@@ -6,6 +6,8 @@ one block per page as the connector stores them, a 2k-token hit (128 pages) per 
   memcpy         numpy copy of the pass's bytes between two buffers (the floor: bytes / bandwidth)
   unpack_verify  each block's payload (its own bytes object, as a received block) -> a pool page,
                  pages in shuffled order, checksum of the copy checked against the header
+                 (``per_block_copy_gbps``: the same copies as numpy assignments, one per block, no
+                 checksum: what one call per block into 60 scattered 12 KiB page rows costs by itself)
   pack_checksum  each pool page -> its own preallocated block payload, checksum returned
   unpack_verify_batch / pack_checksum_batch  the same blocks in one call (connector/native_batch.py)
                  on ``threads`` threads (``native_1thread_gbps``: on one); fallback: the per-block
@@ -77,6 +79,12 @@ def run(pages: int, reps: int) -> dict:
                 native.unpack_verify(h, p, pool, [page], use_native=use_native)
         return go
 
+    payload_arrays = [np.frombuffer(p, np.uint8).reshape(LAYERS, 2, SEG) for p in payloads]
+
+    def copy_per_block() -> None:
+        for a, page in zip(payload_arrays, targets, strict=True):
+            pool[:, :, page] = a
+
     def pack(use_native: bool) -> Callable[[], None]:
         def go() -> None:
             for pre, out, page in zip(prefixes, outs, targets, strict=True):
@@ -94,6 +102,7 @@ def run(pages: int, reps: int) -> dict:
     cases: dict[str, Callable[[], object]] = {
         "memcpy": lambda: np.copyto(dst, src),
         "unpack_verify/native": unpack(True), "unpack_verify/fallback": unpack(False),
+        "unpack_copy/numpy": copy_per_block,
         "pack_checksum/native": pack(True), "pack_checksum/fallback": pack(False),
         "unpack_verify_batch/native": unpack_batch(threads), "unpack_verify_batch/native1": unpack_batch(1),
         "pack_checksum_batch/native": pack_batch(threads), "pack_checksum_batch/native1": pack_batch(1),
@@ -125,6 +134,9 @@ def run(pages: int, reps: int) -> dict:
                               "fallback_gbps": fb, "native_over_memcpy": nat_b / memcpy,
                               "paired_native_over_memcpy": paired(f"{op}_batch/native"),
                               "native_over_fallback": nat_b / fb}
+    per_block = gbps("unpack_copy/numpy")
+    ops["unpack_verify"].update(per_block_copy_gbps=per_block,
+                                native_over_per_block_copy=ops["unpack_verify"]["native_gbps"] / per_block)
     k_bytes = rope_k.numel() * rope_k.element_size()
     nat, fb = gbps("rope_rerotate/native", k_bytes), gbps("rope_rerotate/fallback", k_bytes)
     ops["rope_rerotate"] = {"native_gbps": nat, "fallback_gbps": fb, "native_over_fallback": nat / fb,

@@ -38,7 +38,7 @@ class Figure:
 BENCHES: dict[str, list[Figure]] = {
     "engine": [Figure("prefill_ratio", 1.0), Figure("decode_bs8_over_bs1", 3.0), Figure("radix_hit_speedup", 20.0),
                Figure("fidelity_identical", True, "==")],
-    "tiers": [Figure("tiers.cpu.ratio", 0.9), Figure("tiers.disk.ratio", 0.8), Figure("tiers.s3.ratio", 0.8),
+    "tiers": [Figure("tiers.cpu.ratio", 0.9), Figure("tiers.cpu.vs_private_memory.ratio", None), Figure("tiers.disk.ratio", 0.8), Figure("tiers.s3.ratio", 0.8),
               Figure("tiers.redis.ratio", 0.9), Figure("tiers.disk.cold_ratio", 0.7), Figure("daemon.vs_redis", 3.0),
               Figure("daemon.concurrent_scaling", 1.5), Figure("daemon.tcp_get_gbps", 1.0)],
     "e2e": [Figure("cold_ttft_reps", 3), Figure("load_over_floor_cpu", 2.0, "<="),
@@ -46,6 +46,8 @@ BENCHES: dict[str, list[Figure]] = {
             Figure("cost_model.accuracy", 0.9), Figure("cost_model.regret", 0.05, "<="),
             Figure("cost_model.grid_cases", 12), Figure("fidelity_identical", True, "==")],
     "kernels": [Figure("ops.unpack_verify.native_over_memcpy", 0.7), Figure("ops.unpack_verify.native_over_fallback", 1.0),
+                Figure("ops.unpack_verify.native_over_per_block_copy", None),
+                Figure("ops.unpack_verify_batch.native_over_memcpy", None),
                 Figure("ops.pack_checksum.native_over_memcpy", 0.7), Figure("ops.pack_checksum.native_over_fallback", 1.0)],
     "blend": [Figure("default_ratio", None), Figure("blend_beats_reuse0", True, "=="),
               Figure("blend_beats_random", True, "=="), Figure("ttft_reps", 3), Figure("r100_identical", True, "==")],

@@ -33,14 +33,15 @@ def test_verdict(value: object, fig: Figure, want: str) -> None:
 
 def test_summary_lists_every_figure_with_its_verdict() -> None:
     machine = {"cores": 2, "loadavg": [1.5, 1.0, 0.5], "git_revision": "abcdef1234567", "git_dirty": True}
-    figs = [0.95, 0.5, None, 0.9, 0.75, 4.0, 1.6, 0.3]
+    figs = [0.95, 0.87, 0.5, None, 0.9, 0.75, 4.0, 1.6, 0.3]
     run = {"returncode": 0, "wall_s": 42.0, "machine_before": machine,
            "machine_after": {**machine, "loadavg": [2.5, 1, 1]}, "figures": figs}
     md = summary_markdown({"tiers": run})
     assert "load average 1.5 before / 2.5 after" in md and "(dirty)" in md
     rows = [ln for ln in md.splitlines() if ln.startswith("| `")]
     assert len(rows) == len(BENCHES["tiers"])
-    assert rows[1].endswith("MISSED |") and rows[2].endswith("missing |") and rows[0].endswith("met |")
+    assert rows[0].endswith("met |") and rows[1].endswith("reported |")
+    assert rows[2].endswith("MISSED |") and rows[3].endswith("missing |")
 
 
 def test_unknown_bench_is_refused() -> None:

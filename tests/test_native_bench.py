@@ -19,6 +19,8 @@ def test_run_reports_every_op_against_memcpy() -> None:
                                "rope_rerotate"}
     for op in res["ops"].values():
         assert op["native_gbps"] > 0 and op["fallback_gbps"] > 0
+    uv = res["ops"]["unpack_verify"]
+    assert uv["per_block_copy_gbps"] > 0 and uv["native_over_per_block_copy"] == uv["native_gbps"] / uv["per_block_copy_gbps"]
     assert res["memcpy_gbps"] > 0 and res["pass_bytes"] == 3 * kernels.LAYERS * 2 * kernels.SEG
 
 
