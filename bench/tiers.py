@@ -64,14 +64,19 @@ def make_blocks(n: int, seed: int = 0) -> list[Block]:
     return [(rng.bytes(32), rng.integers(0, 256, int(s), dtype=np.uint8)) for s in sizes]
 
 
+def _span(n: int) -> int:
+    """The bytes a block of ``n`` takes in the arena: rounded up to 64, as its allocator does."""
+    return -(-n // 64) * 64
+
+
 def _laid_out(blocks: list[Block], memory: np.ndarray) -> dict[bytes, np.ndarray]:
-    """Each block's bytes copied into ``memory`` one after another (64-byte aligned, as the
+    """Each block's bytes copied into ``memory`` one after another (at ``_span`` steps, as the
     tier's allocator places them): the source a baseline copies out of, by key."""
     srcs, pos = {}, 0
     for k, a in blocks:
         memory[pos : pos + a.nbytes] = a
         srcs[k] = memory[pos : pos + a.nbytes]
-        pos += -(-a.nbytes // 64) * 64
+        pos += _span(a.nbytes)
     return srcs
 
 
@@ -105,7 +110,7 @@ def bench_cpu(blocks: list[Block], reps: int, huge_pages: bool = False) -> dict[
     from tiers.cpu import CpuTier
 
     dst = np.empty(2 * MiB + 1, dtype=np.uint8)
-    room = sum(-(-a.nbytes // 64) * 64 for _, a in blocks)
+    room = sum(_span(a.nbytes) for _, a in blocks)
     # Private memory laid out like the arena (numpy gives large arrays transparent huge pages).
     private = _laid_out(blocks, np.empty(room, dtype=np.uint8))
 

@@ -59,6 +59,11 @@ def _expected_dtype(dtype: torch.dtype) -> str:
     return np.dtype(str(dtype).removeprefix("torch.")).str
 
 
+def _leading_ok(good: Sequence[bool | None]) -> int:
+    """How many leading blocks arrived verified (``good[i]`` True)."""
+    return next((i for i, g in enumerate(good) if g is not True), len(good))
+
+
 class _PageCopier:
     """Copies blocks' payloads into pool pages and verifies what was copied (one pass)."""
 
@@ -188,7 +193,7 @@ class Loader:
         bad: dict[int, str] = {}
         self._copy(keys, pages, list(enumerate(views)), end, good, bad)
         del views  # this client's mapping outlives them; nothing of the daemon's is held
-        n = next((i for i, g in enumerate(good) if g is not True), len(good))
+        n = _leading_ok(good)
         if n < len(good) and good[n] is False:  # reused since the lookup: a Get answers for it
             log.debug("in-place read of block %s refused (%s): asking the daemon", keys[n].hex()[:16], bad[n])
         return n, n < len(good) and good[n] is None
@@ -228,7 +233,7 @@ class Loader:
                 failure = "deadline" if isinstance(e, KVStoreTimeout) else "unavailable"
                 log.info("load chunk at page %d failed (%s): %s", start, failure, e)
                 break
-            n = next((i for i, g in enumerate(good) if g is not True), len(good))
+            n = _leading_ok(good)
             ok += n
             if n < len(chunk):
                 if good[n] is None and found[n]:
