@@ -1,5 +1,5 @@
 """How bench.blend turns generated tokens into figures: pure functions, unit-tested on synthetic
-inputs (tests/test_bench_blend_figures.py).
+inputs (tests/bench/test_blend_figures.py).
 
 continuation_f1
     LCS-F1 on tokens between a method's 32-token greedy continuation and full prefill's, both

@@ -1,5 +1,5 @@
 """How bench.e2e turns timings into figures: pure functions, unit-tested on synthetic inputs
-(tests/test_bench_e2e_figures.py).
+(tests/bench/test_e2e_figures.py).
 
 repeated_median
     the median of >= ``min_reps`` samples (a headline is never one sample).

@@ -9,8 +9,8 @@
 # Steps: (1) install what is missing from the wheels carried beside this script ($WHEELS,
 # default bench/wheels: `--stage` downloads them with `pip download`, or copy them there by hand;
 # carry that folder with the checkout) and build csrc/ in place if it is not built; (2) the
-# GPU-marked tests (tests/test_flashinfer_gpu.py: flashinfer token-identical to the torch backend
-# in fp32, logits within 5% in bf16; tests/test_native_gpu.py: loads into / offloads from a CUDA
+# GPU-marked tests (tests/engine/test_flashinfer_gpu.py: flashinfer token-identical to the torch backend
+# in fp32, logits within 5% in bf16; tests/connector/native/test_gpu.py: loads into / offloads from a CUDA
 # pool bit for bit, the GPU re-rotation within 1e-5 of the native host op) and the native-op
 # tests against their fallbacks; (3) bench.gpu_load: host->GPU load bandwidth of the connector
 # against a plain pinned torch copy, and TTFT cold vs warm from the daemon's cpu tier.
@@ -86,9 +86,9 @@ if [ "$mode" = --dry-run ]; then
 else
     run_step gpu_tests 180 "$PY" -m pytest -q -ra -m gpu tests/
 fi
-run_step native_tests 120 "$PY" -m pytest -q -x tests/test_native_ops.py tests/test_native_kernels.py \
-    tests/test_native_batch.py tests/test_native_rope.py tests/test_native_staging.py tests/test_loader_copy_verify.py \
-    tests/test_shm_arena.py
+run_step native_tests 120 "$PY" -m pytest -q -x tests/connector/native/test_ops.py tests/connector/native/test_kernels.py \
+    tests/connector/native/test_batch.py tests/connector/native/test_rope.py tests/connector/native/test_staging.py tests/connector/test_loader_copy_verify.py \
+    tests/kvstore/test_shm_arena.py
 
 # (3) figures
 if [ "$mode" = --dry-run ]; then

@@ -1,5 +1,5 @@
 """The figures of bench.serve, as pure functions of what the client recorded (tested on synthetic
-records in tests/test_bench_serve_figures.py).
+records in tests/bench/test_serve_figures.py).
 
 A point is one batch of requests sent open-loop at one QPS; its TTFT and inter-token figures are
 over the requests that completed. A mode's ``max_qps_at_slo`` is the highest QPS of its sweep at

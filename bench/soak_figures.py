@@ -1,4 +1,4 @@
-"""The soak's figures, as pure functions of what it recorded (tests: tests/test_bench_soak_figures.py).
+"""The soak's figures, as pure functions of what it recorded (tests: tests/bench/test_soak_figures.py).
 
 Growth is measured per process identity (bench/soak_watch.py), after warm-up: from the median of
 the first fifth of an identity's samples past ``max(warm mark, its own start + warm_s)`` to the

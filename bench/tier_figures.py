@@ -1,5 +1,5 @@
 """How bench.tiers and bench.tiers_daemon turn timings into figures: pure functions, unit-tested
-on synthetic inputs (tests/test_bench_tiers_figures.py).
+on synthetic inputs (tests/bench/test_tiers_figures.py).
 
 Every sample is the wall time of one pass over the same bytes, so a rate is ``bytes / time``.
 

@@ -12,7 +12,7 @@ one page of one layer's K or V) and pages of a KV pool seen as bytes ``[layers, 
 The native version does each block in one pass: every 64-byte stripe is read once, written,
 and hashed from the same registers (csrc/xxh3_copy.c), so the checksum is of exactly the bytes
 that landed. The fallback copies, then hashes the destination. Both give the same bytes and the
-same checksum, bit for bit (tests/test_native_ops.py). Streams of at most 240 bytes (XXH3's
+same checksum, bit for bit (tests/connector/native/test_ops.py). Streams of at most 240 bytes (XXH3's
 short-input algorithms, never a real KV page) take the fallback. The library is loaded lazily
 and self-tested (connector/native_lib.py); ``status()`` says which implementation runs.
 """

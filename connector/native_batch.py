@@ -7,7 +7,7 @@ blocks in order from a shared counter, so a time budget (the load's deadline) st
 a leading run of blocks; blocks not reached are reported as such, never half-counted.
 
 Same results as the single-block ops in connector/native.py, bit for bit, with the same numpy
-fallback (tests/test_native_batch.py).
+fallback (tests/connector/native/test_batch.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ prompt positions with the four per-token tables ``Blender._rotation`` builds (un
 at the old position; redo: cos, sin at the new one; [tokens, 1, dim] each). The torch version
 is two ``Rotary.rotate`` calls over the whole tensor; the native one rewrites K in place in one
 pass, with the same fp32 operations in the same order on the same table entries, so the two
-agree bit for bit (tests/test_native_rope.py). Only fp32 host tensors take the native op;
+agree bit for bit (tests/connector/native/test_rope.py). Only fp32 host tensors take the native op;
 anything else (bf16, an accelerator, a strided K) takes torch.
 """
 

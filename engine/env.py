@@ -6,8 +6,8 @@ has its own YAML + env loader (kvstore/settings.py). Values are coerced by the f
 such as 512Mi: Kubernetes units, G = 10^9, Gi = 2^30, bare numbers are bytes, lowercase refused as
 ambiguous). A bad value is one clear line naming the variable.
 
-engine/ imports neither kvstore/ nor connector/ (tests/test_engine_imports.py), so the size rule is
-written here a second time; tests/test_kvstore_sizes.py holds both to the same table.
+engine/ imports neither kvstore/ nor connector/ (tests/engine/test_imports.py), so the size rule is
+written here a second time; tests/kvstore/test_sizes.py holds both to the same table.
 """
 
 from __future__ import annotations

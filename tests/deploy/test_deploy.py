@@ -1,0 +1,106 @@
+"""docker-compose.yml, the Dockerfile and deploy/k8s/: parsed and checked against our own CLIs.
+
+No Docker engine or cluster runs here, so every command line in the deployment files is run
+through the real CLI with ``--check-config`` (validate and exit, nothing started), and the
+manifests' structure is checked for what an operator relies on: health checks everywhere, the
+shared-memory path, the node-local daemon address, probes and grace periods.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.support import COMPOSE, K8S, ROOT, check_config, compose_commands, manifests
+
+
+def test_compose_services_and_health() -> None:
+    services = COMPOSE["services"]
+    assert {"redis", "s3", "kvstore", "engine-a", "engine-b", "prometheus"} <= set(services)
+    for name, svc in services.items():
+        assert "healthcheck" in svc, f"{name} has no health check"
+    kv = services["kvstore"]
+    assert kv.get("ipc") == "shareable" and kv.get("shm_size"), "the daemon must expose its /dev/shm"
+    assert any(":/var/lib/tierkv" in v for v in kv["volumes"]), "the disk tier needs a volume"
+    for name in ("engine-a", "engine-b"):
+        svc = services[name]
+        assert svc["ipc"] == "service:kvstore", f"{name} must share the daemon's IPC namespace (shm path)"
+        assert "kvstore:50051" in svc["command"]
+        assert svc["depends_on"]["kvstore"]["condition"] == "service_healthy"
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    targets = {t for job in scrape["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    assert {"kvstore:9400", "engine-a:8000", "engine-b:8000"} <= targets
+
+
+@pytest.mark.parametrize("name,argv,env", compose_commands(), ids=[c[0] for c in compose_commands()])
+def test_compose_command_accepted_by_our_cli(name: str, argv: list[str], env: dict[str, str]) -> None:
+    res = check_config(argv, env)
+    assert res.returncode == 0, f"{name}: {' '.join(argv)} rejected:\n{res.stderr[-2000:]}"
+
+
+def test_check_config_rejects_bad_commands() -> None:
+    """The check can fail: a bad size or an unknown flag is refused with one clear line."""
+    bad = check_config(["kvstore", "serve", "--cpu", "lots"])
+    assert bad.returncode != 0 and "lots" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    bad = check_config(["kvengine", "serve", "--listen", "nowhere"])
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_compose_healthcheck_uses_real_subcommand() -> None:
+    test = COMPOSE["services"]["kvstore"]["healthcheck"]["test"]
+    assert test[1:3] == ["kvstore", "health"]
+    out = subprocess.run([sys.executable, "-m", "kvstore.cli", "health", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and "--address" in out.stdout
+
+
+def test_k8s_daemonset() -> None:
+    (ds,) = manifests("DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert spec["hostIPC"] is True
+    (c,) = spec["containers"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == 50051, probe
+    assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert "hostPath" in vols[mounts["/var/lib/tierkv"]], "the disk tier sits on the node's NVMe (hostPath)"
+    assert mounts.get("/dev/shm"), "the shm path needs the host's /dev/shm"
+    # the pod is given longer than the daemon's own grace + spill flush (grace_s in the config)
+    cm = yaml.safe_load(manifests("ConfigMap")[0]["data"]["kvstore.yaml"])
+    assert spec["terminationGracePeriodSeconds"] > cm["grace_s"]
+    assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+
+
+def test_k8s_engine_finds_node_local_daemon() -> None:
+    (dep,) = manifests("Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    var = re.search(r"\$\((\w+)\):50051", " ".join(c["command"])).group(1)
+    assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/health", probe
+    (svc,) = manifests("Service")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    kust = K8S["kustomization.yaml"][0]
+    assert set(kust["resources"]) == set(K8S) - {"kustomization.yaml"}
+
+
+@pytest.mark.parametrize("kind", ["DaemonSet", "Deployment"])
+def test_k8s_commands_accepted_by_our_cli(kind: str, tmp_path: Path) -> None:
+    (obj,) = manifests(kind)
+    (c,) = obj["spec"]["template"]["spec"]["containers"]
+    argv = [a.replace("$(NODE_IP)", "10.0.0.1") for a in c["command"]]
+    cfg = yaml.safe_load(manifests("ConfigMap")[0]["data"]["kvstore.yaml"])
+    cfg_path = tmp_path / "kvstore.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    argv = [str(cfg_path) if a == "/etc/tierkv/kvstore.yaml" else a for a in argv]
+    res = check_config(argv, {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
+    assert res.returncode == 0, f"{kind}: {' '.join(argv)} rejected:\n{res.stderr[-2000:]}"
