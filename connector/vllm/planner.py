@@ -66,6 +66,7 @@ class _Req:
     decision: Decision | None = None
     loading: bool = False
     load_keys: list[bytes] = field(default_factory=list)  # the keys of the load in flight
+    failed: bool = False  # a load of this request fell short: it recomputes, never loads again
 
 
 class Planner:
@@ -107,7 +108,7 @@ class Planner:
         local = num_computed // bs
         usable = (r.prompt_len - 1) // bs  # the last prompt token is always computed (it samples)
         r.plan, r.decision = None, None
-        if usable <= local or self.cfg.load_mode == "never":
+        if usable <= local or self.cfg.load_mode == "never" or r.failed:
             return 0, False
         keys = r.keys.upto(r.tokens, usable)
         ask = [k for k in keys[local:usable]]
@@ -239,6 +240,9 @@ class Planner:
         r = self._reqs.get(req_id)
         if r is None or loaded >= len(r.load_keys):
             return
+        # vLLM asks again for the request it reschedules: answering from the cache would load the
+        # same blocks again (missing or deleted now), fail again, and never let it run
+        r.failed, r.answer, r.plan = True, None, None
         rest = r.load_keys[loaded:]
         self.known.discard(rest)
         first = r.keys.keys.index(rest[0]) if rest[0] in r.keys.keys else r.known

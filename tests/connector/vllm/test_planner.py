@@ -175,3 +175,18 @@ def test_calibrated_decision_recomputes_when_loading_costs_more() -> None:
     p.report(TierKVWorkerMetadata(loads=[LoadOutcome("x", 1, 1, ["cpu"], 5.0, 1 << 20)]))
     assert p.matched("r", toks, len(toks), None, 0) == (0, False)
     assert p.counters.take().get("decisions:recompute") == 1
+
+
+def test_a_request_whose_load_fell_short_is_never_loaded_again() -> None:
+    """vLLM reschedules it and asks again: another load of the same blocks would fail the same way."""
+    d = FakeDaemon()
+    toks = list(range(3 * BS + 1))
+    keys = SPACE.keys(toks, None)
+    d.held = set(keys)
+    p = planner(d)
+    assert p.matched("r", toks, len(toks), None, 0) == (3 * BS, True)
+    p.allocated("r", [0, 1, 2, 3], 3 * BS)
+    p.build([Scheduled("r", 3 * BS, 0, [0, 1, 2, 3], True)])
+    p.report(TierKVWorkerMetadata(loads=[LoadOutcome("r", 0, 3, [], 0.01, 0, "corrupt", [keys[0]])]))
+    assert p.matched("r", toks, len(toks), None, 0) == (0, False)
+    assert p.build([]).loads == []
