@@ -21,7 +21,6 @@ Nothing here imports vLLM: connector/vllm/connector.py translates vLLM's objects
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,7 +83,6 @@ class Planner:
         self._order = 0
         self._step = 0
         self._skip_until = 0.0
-        self._lock = threading.Lock()
 
     # -- admission ------------------------------------------------------------------------
     def add(self, req_id: str, tokens: Sequence[int], prompt_len: int, salt: str | None) -> None:
@@ -111,7 +109,7 @@ class Planner:
         if usable <= local or self.cfg.load_mode == "never" or r.failed:
             return 0, False
         keys = r.keys.upto(r.tokens, usable)
-        ask = [k for k in keys[local:usable]]
+        ask = keys[local:usable]
         if self._clock() < self._skip_until:
             self.counters.add("lookup_skipped")
             return 0, False

@@ -296,14 +296,13 @@ class Worker:
             return
         for b in spec.block_ids:
             lay.check(b)
-        want = {k: i for i, k in enumerate(spec.keys)}
 
         def consume(items: list[tuple[int, memoryview]]) -> None:
             for i, mv in items:
                 with job.lock:
                     if job.cancelled:
                         raise _Cancelled
-                    self._land(job, i, mv, want)
+                    self._land(job, i, mv)
             if job.faults:  # the rest is recomputed from the first bad block: stop reading
                 raise _Stop
 
@@ -326,7 +325,7 @@ class Worker:
             except Exception as e:  # noqa: BLE001
                 log.warning("tierkv: could not delete %d corrupt blocks: %s", len(bad), e)
 
-    def _land(self, job: _Load, i: int, mv: memoryview, want: Mapping[bytes, int]) -> None:
+    def _land(self, job: _Load, i: int, mv: memoryview) -> None:
         lay, spec = self.layout, job.spec
         try:
             hdr = read_header(mv)

@@ -38,6 +38,20 @@ class Clock:
         return self.t
 
 
+def loading(blocks: int) -> tuple[Planner, list[int], list[bytes]]:
+    """A planner whose request "r" is loading all ``blocks`` full blocks of its prompt from the daemon."""
+    d = FakeDaemon()
+    toks = list(range(blocks * BS + 1))
+    keys = SPACE.keys(toks, None)
+    d.held = set(keys)
+    p = planner(d)
+    assert p.matched("r", toks, len(toks), None, 0) == (blocks * BS, True)
+    ids = list(range(blocks + 1))
+    p.allocated("r", ids, blocks * BS)
+    p.build([Scheduled("r", blocks * BS, 0, ids, True)])
+    return p, toks, keys
+
+
 def planner(daemon: FakeDaemon, clock: Clock | None = None, **extra: object) -> Planner:
     cfg = VLLMConnectorConfig.from_extra({"kvstore": "h:1", **extra})
     return Planner(cfg, SPACE, daemon.lookup, 1 << 20, Counters(), clock=clock or Clock())
@@ -138,14 +152,7 @@ def test_decode_tokens_fill_blocks_that_are_saved() -> None:
 
 
 def test_a_load_that_fell_short_is_saved_again_once_recomputed() -> None:
-    d = FakeDaemon()
-    toks = list(range(4 * BS + 1))
-    keys = SPACE.keys(toks, None)
-    d.held = set(keys)
-    p = planner(d)
-    assert p.matched("r", toks, len(toks), None, 0) == (4 * BS, True)
-    p.allocated("r", [0, 1, 2, 3, 4], 4 * BS)
-    p.build([Scheduled("r", 4 * BS, 0, [0, 1, 2, 3, 4], True)])
+    p, toks, keys = loading(4)
     # block 1 was corrupt (deleted by the worker); blocks 2 and 3 were never read
     p.report(TierKVWorkerMetadata(loads=[LoadOutcome("r", 1, 4, ["cpu"], 0.01, 1 << 20, "corrupt", [keys[1]])]))
     assert not any(k in p.known for k in keys[1:]) and keys[0] in p.known
@@ -179,14 +186,7 @@ def test_calibrated_decision_recomputes_when_loading_costs_more() -> None:
 
 def test_a_request_whose_load_fell_short_is_never_loaded_again() -> None:
     """vLLM reschedules it and asks again: another load of the same blocks would fail the same way."""
-    d = FakeDaemon()
-    toks = list(range(3 * BS + 1))
-    keys = SPACE.keys(toks, None)
-    d.held = set(keys)
-    p = planner(d)
-    assert p.matched("r", toks, len(toks), None, 0) == (3 * BS, True)
-    p.allocated("r", [0, 1, 2, 3], 3 * BS)
-    p.build([Scheduled("r", 3 * BS, 0, [0, 1, 2, 3], True)])
+    p, toks, keys = loading(3)
     p.report(TierKVWorkerMetadata(loads=[LoadOutcome("r", 0, 3, [], 0.01, 0, "corrupt", [keys[0]])]))
     assert p.matched("r", toks, len(toks), None, 0) == (0, False)
     assert p.build([]).loads == []
