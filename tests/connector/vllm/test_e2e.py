@@ -190,29 +190,30 @@ def test_cache_salts_never_share(stack: Any) -> None:
     assert wait_counter(s["B"], "blocks", got, event="loaded") - got >= 9
 
 
-@pytest.mark.xfail(run=False, strict=True, reason="known bug (#21 open): with corrupted blocks in Redis, replica B's "
-                   "request did not complete within 120 s at 578f0ee; not run, since a stuck request would "
-                   "poison the servers the other tests share")  # fmt: skip
 def test_a_corrupt_block_is_recomputed_and_removed(stack: Any) -> None:
     st, s = stack
     text = prompt(7)
     ref = complete(s["P"], text)
-    old = st.settle()
+    old = st.settle(at_least=0)  # whatever earlier tests left (none when run alone)
     assert complete(s["A"], text) == ref
     new = sorted(st.settle(at_least=len(old) + 9) - old)
     assert len(new) >= 9
+    bad: dict[bytes, bytes] = {}
     for k in new:  # flip the last payload byte of every block of this prompt, behind the daemon
         v = bytearray(st.r.get(k))
         v[-1] ^= 0x40
-        st.r.set(k, bytes(v))
+        bad[k] = bytes(v)
+        st.r.set(k, bad[k])
     failed = s["B"].tierkv("failed_blocks")
     assert complete(s["B"], text) == ref
     assert wait_counter(s["B"], "failed_blocks", failed, reason="corrupt") > 0
-    assert len(st.blocks() & set(new)) < len(new)  # what B found corrupt was deleted for every replica
+    # what B found corrupt was deleted for every replica; B's recompute then wrote the block again
+    # (write-through): the corrupt bytes are gone from what B read
+    st.settle()
+    now = {k: st.r.get(k) for k in new}
+    assert sum(v != bad[k] for k, v in now.items()) > 0, "no corrupt block was removed"
 
 
-@pytest.mark.xfail(run=False, strict=True, reason="not yet run green (#21 open): runs after the corrupt-block "
-                   "case, whose hang is unresolved")  # fmt: skip
 def test_the_daemon_killed_mid_load_means_recompute_not_a_hang(stack: Any) -> None:
     st, s = stack
     text = prompt(8)
@@ -244,9 +245,19 @@ def test_the_daemon_killed_mid_load_means_recompute_not_a_hang(stack: Any) -> No
     assert s["B"].tierkv("lookup_errors") + s["B"].tierkv("lookup_skipped") > 0
     st.start_daemon(listen=listen)  # back on its address: the replicas reattach by themselves
     time.sleep(6)  # past retry_after_failure_s
+    # push prompt 8 out of B's own pool: B's copy was recomputed in a different split (what loaded
+    # before the kill, then the rest), whose bf16 sums need not match a fresh prefill's bit for bit;
+    # what the daemon holds is A's, and all of it must now come from there
+    for seed in (10, 11):
+        complete(s["B"], prompt(seed), max_tokens=2)
     before = loaded(s["B"])
-    assert complete(s["B"], text) == ref
+    again = complete(s["B"], text)
     assert wait_counter(s["B"], "blocks", before, event="loaded") > before
+    # B now computes only the tail, over loaded KV: the split a prefix-cache hit makes. bf16 sums in
+    # a split need not match one pass bit for bit (seen here: the 12th token flips on this prompt),
+    # so the reference is what vLLM without the connector answers from its own prefix cache (P asked
+    # again: a local hit of the same blocks), or its fresh prefill; wrong KV would match neither
+    assert again in (ref, complete(s["P"], text)), (again, ref)
 
 
 def test_vllm_refuses_a_load_failure_policy_other_than_recompute(tmp_path: Path) -> None:
