@@ -58,6 +58,12 @@ BENCHES: dict[str, list[Figure]] = {
     "serve": [Figure("working_set_over_pool", 4.0), Figure("targets.cpu_ttft_mean_vs_radix.value", 1 / 3, "<="),
               Figure("targets.cpu_max_qps_vs_radix.value", 2.0), Figure("targets.cpu_itl_p99_vs_radix.value", 1.2, "<="),
               Figure("targets.s3_ttft_p90_vs_radix.value", 1.0, "<="), Figure("rag_s3_ttft_p90_vs_radix", None)],
+    "vllm": [*(Figure(f"targets.{w}.{f}", t, b) for w in ("chat", "shared_prefix") for f, t, b in (
+        ("working_set_over_pool.value", 4.0, ">="), ("tierkv_cpu.ttft_mean_vs_ideal.value", 1.25, "<="),
+        ("tierkv_cpu.ttft_mean_speedup_over_vllm", None, ">="), ("tierkv_cpu.itl_p99_vs_vllm.value", 1.2, "<="),
+        ("tierkv_cpu.failed_requests.value", 0, "=="), ("tierkv_cpu.answers_differing_from_vllm.value", 0, "=="),
+        ("tierkv_disk.ttft_mean_vs_ideal", None, "<="), ("kvengine_tierkv.ttft_mean_vs_ideal", None, "<="),
+        ("most_any_offload_can_win", None, ">="))), Figure("all_targets_met", True, "==")],
 }
 
 

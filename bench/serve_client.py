@@ -79,18 +79,25 @@ Job = Callable[[], Awaitable[Record]]
 async def open_loop(jobs: Sequence[Job], qps: float, desc: str) -> tuple[list[Record], float]:
     """Start job i at i / qps seconds (all at once for qps <= 0); (records, seconds from the first
     send to the last answer). A progress bar on stderr counts the answers."""
+    return await at_offsets(jobs, [i / qps if qps > 0 else 0.0 for i in range(len(jobs))], desc)
+
+
+async def at_offsets(jobs: Sequence[Job], offsets: Sequence[float], desc: str) -> tuple[list[Record], float]:
+    """Start job i ``offsets[i]`` seconds after the first (e.g. Poisson arrival times), never
+    waiting for an answer before the next send (open loop); (records, seconds to the last answer)."""
+    if len(offsets) != len(jobs):
+        raise ValueError(f"{len(jobs)} jobs but {len(offsets)} offsets")
     bar = tqdm(total=len(jobs), desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
     t0 = time.perf_counter()
 
-    async def at(i: int, job: Job) -> Record:
-        if qps > 0:
-            await asyncio.sleep(max(0.0, t0 + i / qps - time.perf_counter()))
+    async def at(at_s: float, job: Job) -> Record:
+        await asyncio.sleep(max(0.0, t0 + at_s - time.perf_counter()))
         rec = await job()
         bar.update(1)
         return rec
 
     try:
-        records = await asyncio.gather(*(at(i, j) for i, j in enumerate(jobs)))
+        records = await asyncio.gather(*(at(o, j) for o, j in zip(offsets, jobs, strict=True)))
     finally:
         bar.close()
     return list(records), time.perf_counter() - t0
