@@ -34,5 +34,6 @@ def compose_commands() -> list[tuple[str, list[str], dict[str, str]]]:
     return out
 
 
-def manifests(kind: str) -> list[dict]:
-    return [d for docs in K8S.values() for d in docs if d and d.get("kind") == kind]
+def manifests(kind: str, name: str | None = None) -> list[dict]:
+    return [d for docs in K8S.values() for d in docs
+            if d and d.get("kind") == kind and name in (None, d.get("metadata", {}).get("name"))]  # fmt: skip

@@ -26,7 +26,7 @@ def test_compose_engines_read_the_daemon_token_file() -> None:
 
 def test_k8s_daemon_and_engines_share_the_token_secret() -> None:
     (ds,) = manifests("DaemonSet")
-    (dep,) = manifests("Deployment")
+    (dep,) = manifests("Deployment", "tierkv-engine")
     refs = []
     for obj in (ds, dep):
         (c,) = obj["spec"]["template"]["spec"]["containers"]

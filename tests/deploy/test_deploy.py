@@ -8,6 +8,7 @@ shared-memory path, the node-local daemon address, probes and grace periods.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def test_k8s_daemonset() -> None:
 
 
 def test_k8s_engine_finds_node_local_daemon() -> None:
-    (dep,) = manifests("Deployment")
+    (dep,) = manifests("Deployment", "tierkv-engine")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in c["env"]}
     var = re.search(r"\$\((\w+)\):50051", " ".join(c["command"])).group(1)
@@ -95,7 +96,7 @@ def test_k8s_engine_finds_node_local_daemon() -> None:
 
 @pytest.mark.parametrize("kind", ["DaemonSet", "Deployment"])
 def test_k8s_commands_accepted_by_our_cli(kind: str, tmp_path: Path) -> None:
-    (obj,) = manifests(kind)
+    (obj,) = manifests(kind, {"DaemonSet": None, "Deployment": "tierkv-engine"}[kind])
     (c,) = obj["spec"]["template"]["spec"]["containers"]
     argv = [a.replace("$(NODE_IP)", "10.0.0.1") for a in c["command"]]
     cfg = yaml.safe_load(manifests("ConfigMap")[0]["data"]["kvstore.yaml"])
@@ -104,3 +105,41 @@ def test_k8s_commands_accepted_by_our_cli(kind: str, tmp_path: Path) -> None:
     argv = [str(cfg_path) if a == "/etc/tierkv/kvstore.yaml" else a for a in argv]
     res = check_config(argv, {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
     assert res.returncode == 0, f"{kind}: {' '.join(argv)} rejected:\n{res.stderr[-2000:]}"
+
+
+def _vllm_transfer_config(argv: list[str]) -> dict:
+    assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"], argv  # vLLM's `vllm` CLI may be absent
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def _check_vllm_connector(cfg: dict, address: str) -> None:
+    """What vLLM would hand TierKVConnector: the names our docs give, and an extra config our
+    connector accepts (parsed by its own config class, as at vLLM's start-up)."""
+    from connector.vllm.config import VLLMConnectorConfig
+
+    assert (cfg["kv_connector"], cfg["kv_connector_module_path"]) == ("TierKVConnector", "connector.vllm")
+    assert cfg["kv_role"] == "kv_both" and cfg["kv_load_failure_policy"] == "recompute"
+    parsed = VLLMConnectorConfig.from_extra(cfg["kv_connector_extra_config"])
+    assert parsed.kvstore == address and parsed.token_file == "/run/tierkv/token"
+
+
+def test_compose_vllm_uses_the_daemon_through_our_connector() -> None:
+    svc = COMPOSE["services"]["vllm"]
+    assert svc["ipc"] == "service:kvstore" and svc["depends_on"]["kvstore"]["condition"] == "service_healthy"
+    assert "kv-auth:/run/tierkv:ro" in svc["volumes"]
+    _check_vllm_connector(_vllm_transfer_config(svc["command"]), "kvstore:50051")
+    assert svc["environment"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_k8s_vllm_finds_node_local_daemon() -> None:
+    (dep,) = manifests("Deployment", "tierkv-vllm")
+    spec = dep["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    _check_vllm_connector(_vllm_transfer_config(c["command"]), "$(NODE_IP):50051")
+    vols = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert vols[mounts["/run/tierkv"]]["secret"]["secretName"] == "tierkv-auth"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/health", probe
