@@ -6,7 +6,8 @@ Each conversation (a long shared system prompt, a user's document and a question
 A prefills it and writes its full blocks through to the daemon. The same conversation then goes to
 B, which has never seen it: B's connector finds the blocks in the daemon, its cost model decides to
 load them, and B answers after a load instead of a prefill. The demo prints both TTFTs, the blocks
-B loaded (from B's own /metrics) and whether the greedy answers are the same text.
+B loaded (from B's own /metrics) and whether B's greedy answer is A's: A's fresh one, or A's from its
+own prefix cache (a cache hit splits the prefill, and bf16 sums over a split can flip a token).
 
 vLLM runs from ``.venv-vllm`` (``make vllm-setup``); the daemon is ``kvstore serve`` with one cpu
 tier; everything listens on loopback.
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 A, B = reps["A"], reps["B"]
                 for s in (A, B):  # warm both servers' code paths on a conversation of no user's
                     chat(s, [{"role": "user", "content": "Say hello."}], 2)
-                print(f"\n{'user':6} {'A TTFT (prefill)':>17} {'B TTFT (from A)':>16} {'B loaded':>9}  same answer")
+                print(f"\n{'user':6} {'A TTFT (prefill)':>17} {'B TTFT (from A)':>16} {'B loaded':>9}  B's answer = A's")
                 same_all = True
                 for user in USERS:
                     saved = A.tierkv("blocks", event="saved")
@@ -108,11 +109,17 @@ def main(argv: list[str] | None = None) -> int:
                     ttft_b, ans_b = chat(B, conversation(user), a.max_tokens)
                     time.sleep(1.0)  # vLLM publishes connector stats a step later
                     got = B.tierkv("blocks", event="loaded") - before
-                    same_all &= ans_a == ans_b
-                    print(f"{user:6} {ttft_a:16.3f}s {ttft_b:15.3f}s {int(got):9d}  {ans_a == ans_b}")
+                    # B computed only the tail over loaded KV: the split of a prefix-cache hit, whose
+                    # bf16 sums can differ from one pass. A asked again answers from its own cache
+                    # (the same split): B must match A fresh or A from its own cache
+                    _, ans_hit = chat(A, conversation(user), a.max_tokens)
+                    same = ans_b in (ans_a, ans_hit)
+                    same_all &= same
+                    how = "fresh" if ans_b == ans_a else "A's own cache" if same else "NO"
+                    print(f"{user:6} {ttft_a:16.3f}s {ttft_b:15.3f}s {int(got):9d}  {how}")
                 print(f"\nB: {int(B.tierkv('blocks', event='loaded'))} blocks loaded from the daemon, "
                       f"{int(B.tierkv('failed_blocks'))} failed; A: {int(A.tierkv('blocks', event='saved'))} saved")
-                print(f"answer ({'identical on A and B' if same_all else 'DIFFERENT on A and B'}): {ans_b[:200]!r}")
+                print(f"answer ({'B as A' if same_all else 'B DIFFERENT from A'}): {ans_b[:200]!r}")
                 return 0 if same_all else 1
             finally:
                 for s in reps.values():
