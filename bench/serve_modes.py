@@ -58,7 +58,7 @@ class Server:
 
 
 @contextlib.contextmanager
-def _daemon(mode: str, work: Path) -> Iterator[str | None]:
+def mode_daemon(mode: str, work: Path) -> Iterator[str | None]:
     """The daemon of a mode (None: the mode has none), its tier's backing server included."""
     if not mode.startswith("daemon_"):
         yield None
@@ -107,7 +107,7 @@ def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.
                 verbose: bool = False) -> Iterator[Server]:
     """``kvengine serve`` for ``mode`` (with its daemon), ready to answer (``verbose``: debug logs)."""
     work.mkdir(parents=True, exist_ok=True)
-    with _daemon(mode, work / "daemon") as address:
+    with mode_daemon(mode, work / "daemon") as address:
         port = free_port()
         log = work / "engine.log"
         argv = [sys.executable, "-m", "engine.cli", "serve", "--listen", f"{LOOPBACK}:{port}", "--no-blend",

@@ -36,8 +36,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.e2e_support import machine_facts
 from bench.serve_client import at_offsets, client, send
 from bench.serve_figures import point_stats, tokens_by_source
@@ -60,15 +58,17 @@ TARGETS = {"ttft_mean_vs_ideal": ("<=", 1.25), "itl_p99_vs_vllm": ("<=", 1.2), "
 
 
 class Mode:
-    def __init__(self, name: str, port: int, model: str, metrics: Callable[[], str]) -> None:
+    """A mode's server: ``metrics`` is its /metrics as ``name{labels}`` -> value ({} for kvengine)."""
+
+    def __init__(self, name: str, port: int, model: str, metrics: Callable[[], dict[str, float]]) -> None:
         self.name, self.port, self.model, self.metrics = name, port, model, metrics
 
     def by_source(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for line in self.metrics().splitlines():
-            if line.startswith("vllm:prompt_tokens_by_source_total{"):
-                src = line.split('source="', 1)[1].split('"', 1)[0]
-                out[src] = out.get(src, 0.0) + float(line.rpartition(" ")[2])
+        for sample, v in self.metrics().items():
+            if sample.startswith("vllm:prompt_tokens_by_source_total{"):
+                src = sample.split('source="', 1)[1].split('"', 1)[0]
+                out[src] = out.get(src, 0.0) + v
         return out
 
 
@@ -76,29 +76,24 @@ class Mode:
 def _mode(name: str, work: Path, blocks: int, max_len: int) -> Any:
     from connector.vllm.launch import SERVED_NAME, VLLMServer
     from connector.vllm.model_dir import vllm_model_dir
-    from kvstore.launch import running_daemon
 
     work.mkdir(parents=True, exist_ok=True)
     if name == "kvengine_tierkv":
         from bench.serve_modes import EngineSpec, mode_server
 
         with mode_server("daemon_cpu", EngineSpec(num_pages=blocks * BLOCK // 16, threads=2), work) as srv:
-            yield Mode(name, srv.port, srv.model, lambda: "")
+            yield Mode(name, srv.port, srv.model, dict)
         return
-    with contextlib.ExitStack() as stack:
-        address = None
-        if name == "tierkv_cpu":
-            address = stack.enter_context(running_daemon(work / "d", "--cpu", "4GiB", log_path=work / "daemon.log"))
-        elif name == "tierkv_disk":
-            address = stack.enter_context(running_daemon(work / "d", "--disk", f"{work / 'lmdb'}:8GiB",
-                                                         log_path=work / "daemon.log"))  # fmt: skip
+    from bench.serve_modes import mode_daemon
+
+    tier = {"tierkv_cpu": "daemon_cpu", "tierkv_disk": "daemon_disk"}.get(name, "")  # bench.serve's daemons
+    with mode_daemon(tier, work / "daemon") as address:
         ideal = name == "ideal"
         srv = VLLMServer(vllm_model_dir(), address, blocks=IDEAL_BLOCKS if ideal else blocks, max_model_len=max_len,
                          log=work / "vllm.log", kv_space_gib=2 if ideal else 1, cores="all")  # fmt: skip
-        stack.enter_context(srv.start(wait=False))  # stopped when the block ends
-        srv.wait_ready(600)
-        yield Mode(name, srv.port, SERVED_NAME,
-                   lambda: httpx.get(f"http://127.0.0.1:{srv.port}/metrics", timeout=30).text)
+        with srv.start(wait=False):  # stopped when the block ends
+            srv.wait_ready(600)
+            yield Mode(name, srv.port, SERVED_NAME, srv.metrics)
 
 
 def _sources(mode: Mode, before: dict[str, float], after: dict[str, float], recs: list) -> dict[str, int]:

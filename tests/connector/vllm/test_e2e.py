@@ -151,12 +151,18 @@ def wait_counter(srv: VLLMServer, metric: str, above: float, **labels: str) -> f
         time.sleep(0.2)
 
 
-def test_replica_b_answers_from_blocks_replica_a_saved(stack: Any) -> None:
-    st, s = stack
-    text = prompt(1)
+def saved_by_a(st: Stack, s: dict[str, VLLMServer], seed: int) -> tuple[str, str]:
+    """(prompt ``seed``, P's fresh answer): A answered it identically and its blocks are in the daemon."""
+    text = prompt(seed)
     ref = complete(s["P"], text)
     assert complete(s["A"], text) == ref
-    assert len(st.settle(at_least=9)) >= 9  # ~1,300 tokens: 10 full blocks, written through
+    assert len(st.settle(at_least=9)) >= 9  # ~1,300 tokens: 9 full blocks, written through
+    return text, ref
+
+
+def test_replica_b_answers_from_blocks_replica_a_saved(stack: Any) -> None:
+    st, s = stack
+    text, ref = saved_by_a(st, s, 1)
     before = loaded(s["B"])
     assert complete(s["B"], text) == ref  # B never saw it
     assert wait_counter(s["B"], "blocks", before, event="loaded") - before >= 9
@@ -164,10 +170,7 @@ def test_replica_b_answers_from_blocks_replica_a_saved(stack: Any) -> None:
 
 def test_an_evicted_prompt_comes_back_from_the_daemon(stack: Any) -> None:
     st, s = stack
-    text = prompt(2)
-    ref = complete(s["P"], text)
-    assert complete(s["A"], text) == ref
-    st.settle(at_least=9)
+    text, ref = saved_by_a(st, s, 2)
     for seed in (3, 4, 5):  # three other long prompts: vLLM's 24-block pool evicts the first
         complete(s["A"], prompt(seed), max_tokens=2)
     before = loaded(s["A"])
@@ -216,10 +219,7 @@ def test_a_corrupt_block_is_recomputed_and_removed(stack: Any) -> None:
 
 def test_the_daemon_killed_mid_load_means_recompute_not_a_hang(stack: Any) -> None:
     st, s = stack
-    text = prompt(8)
-    ref = complete(s["P"], text)
-    assert complete(s["A"], text) == ref
-    st.settle(at_least=9)
+    text, ref = saved_by_a(st, s, 8)
     listen = st.address
     st.redis.pause()  # the daemon's lookups answer from its index; its reads now wait on Redis
     out: dict[str, Any] = {}
