@@ -224,3 +224,76 @@ def pack_checksum(prefix: bytes, pool: np.ndarray, pages: Sequence[int], out: Bu
     h.update(dst)
     return h.intdigest()
 
+
+
+# ---- blocks whose pieces lie apart (vLLM: one KV tensor per layer) ---------------------------
+
+def _piece_views(pieces: np.ndarray, seg: int) -> list[np.ndarray]:
+    return [np.frombuffer((ctypes.c_ubyte * seg).from_address(int(a)), dtype=np.uint8) for a in pieces]
+
+
+def _pieces_args(pieces: Sequence[int] | np.ndarray, seg: int, buf: np.ndarray) -> np.ndarray:
+    addrs = np.ascontiguousarray(pieces, dtype=np.uint64)
+    if addrs.ndim != 1 or not addrs.size or seg <= 0:
+        raise ValueError(f"need >= 1 piece address and seg > 0, got {addrs.shape} pieces of {seg} bytes")
+    if buf.nbytes != addrs.size * seg:
+        raise ValueError(f"buffer has {buf.nbytes} bytes, {addrs.size} pieces of {seg} make {addrs.size * seg}")
+    return addrs
+
+
+def scatter_verify(header: BlockHeader, payload: Buffer, pieces: Sequence[int] | np.ndarray, seg: int,
+                   use_native: bool | None = None) -> None:
+    """Copy ``payload`` into the pieces at the addresses ``pieces`` (``seg`` bytes each, in payload
+    order) and check the checksum of what was copied against ``header``: ChecksumError on a
+    mismatch (the pieces then hold the bad bytes: do not use them).
+
+    The addresses are trusted: the caller (connector/vllm/worker.py's BlockLayout, which derives
+    them from tensors it holds and block ids it bounds-checks) owns ``seg`` writable bytes at each.
+    """
+    src = _flat(payload, header.payload_len, "payload", writable=False)
+    addrs = _pieces_args(pieces, seg, src)
+    prefix = hashed_header(header.raw)
+    lib, _ = native_lib.load()
+    if use_native and lib is None:
+        raise RuntimeError("native ops unavailable")
+    got = None
+    if lib is not None and use_native is not False:
+        digest = ctypes.c_uint64()
+        rc = lib.tkv_pieces_hash(0, prefix, len(prefix), src.ctypes.data, addrs.ctypes.data, addrs.size, seg,
+                                 _flags(src.nbytes), ctypes.byref(digest))  # fmt: skip
+        if rc not in (0, native_lib.TOO_SHORT):
+            raise RuntimeError(f"tkv_pieces_hash failed ({rc})")
+        got = digest.value if rc == 0 else None
+    if got is None:
+        h = xxhash.xxh3_64(prefix)
+        for i, view in enumerate(_piece_views(addrs, seg)):
+            view[:] = src[i * seg : (i + 1) * seg]
+            h.update(view)  # what landed, not what was sent
+        got = h.intdigest()
+    if got != header.checksum:
+        raise ChecksumError(f"checksum mismatch for block {header.key.hex()[:16]} (as copied)")
+
+
+def gather_checksum(prefix: bytes, pieces: Sequence[int] | np.ndarray, seg: int, out: Buffer,
+                    use_native: bool | None = None) -> int:
+    """Gather the pieces at the addresses ``pieces`` (``seg`` readable bytes each, trusted as in
+    ``scatter_verify``) into ``out`` in order and return xxh3_64 of ``prefix`` then what was written."""
+    dst = _flat(out, len(pieces) * seg, "out", writable=True)
+    addrs = _pieces_args(pieces, seg, dst)
+    prefix = bytes(prefix)
+    lib, _ = native_lib.load()
+    if use_native and lib is None:
+        raise RuntimeError("native ops unavailable")
+    if lib is not None and use_native is not False:
+        digest = ctypes.c_uint64()
+        rc = lib.tkv_pieces_hash(1, prefix, len(prefix), dst.ctypes.data, addrs.ctypes.data, addrs.size, seg, 0,
+                                 ctypes.byref(digest))  # fmt: skip
+        if rc == 0:
+            return digest.value
+        if rc != native_lib.TOO_SHORT:
+            raise RuntimeError(f"tkv_pieces_hash failed ({rc})")
+    for i, view in enumerate(_piece_views(addrs, seg)):
+        dst[i * seg : (i + 1) * seg] = view
+    h = xxhash.xxh3_64(prefix)
+    h.update(dst)
+    return h.intdigest()

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-ABI = 2
+ABI = 3
 KERNELS = ("scalar", "avx2", "avx512")
 TOO_SHORT = -3  # the library's answer for a stream of <= 240 bytes (XXH3's short-input algorithms)
 MIDSIZE_MAX = 240
@@ -43,6 +43,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tkv_hash_bytes.argtypes = [_vp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)]
     lib.tkv_batch.argtypes = [_i32, _i64, _vp, _vp, _vp, _vp, I64x3, _vp, _i64, _i64, _i32, _i32, ctypes.c_double,
                               _vp, _vp]
+    lib.tkv_pieces_hash.argtypes = [_i32, ctypes.c_char_p, ctypes.c_size_t, _vp, _vp, _i64, _i64, _i32,
+                                    ctypes.POINTER(ctypes.c_uint64)]
     lib.tkv_set_impl.argtypes = [ctypes.c_int]
     lib.tkv_rerotate_f32.argtypes = [_vp, _i64, _i64, _i64, _i64, _vp, _vp, _vp, _vp, _i32]
 

@@ -17,7 +17,7 @@
 
 #include "tkv.h"
 
-#define TKV_ABI 2
+#define TKV_ABI 3
 #define TKV_MAX_THREADS 16
 #define FLAG_NT 1 /* non-temporal stores: the bytes are not needed in cache after the copy */
 
@@ -52,6 +52,30 @@ int tkv_copy_hash(const uint8_t *prefix, size_t prefix_len, const uint8_t *src, 
                   int64_t layers, int64_t n, int64_t seg, int32_t flags, uint64_t *digest) {
     return copy_hash(prefix, prefix_len, src, src_strides, src_pages, dst, dst_strides, dst_pages, layers, n, seg,
                      flags & FLAG_NT, digest);
+}
+
+/* One block between a contiguous buffer and `count` pieces of `seg` bytes each, wherever they
+ * are (vLLM allocates every layer's KV apart, so a block's pieces have no common stride): dir 0
+ * scatters `buf` into the pieces at the addresses `pieces[i]`, dir 1 gathers them into `buf`.
+ * The checksum is of `prefix`, then the bytes written, in buffer order. Returns 0, or -3 if the
+ * stream is too short for the long-input algorithm. */
+int tkv_pieces_hash(int32_t dir, const uint8_t *prefix, size_t prefix_len, uint8_t *buf, const uint64_t *pieces,
+                    int64_t count, int64_t seg, int32_t flags, uint64_t *digest) {
+    if ((uint64_t)prefix_len + (uint64_t)(count * seg) <= TKV_XXH3_MIDSIZE_MAX) return -3;
+    int nt = flags & FLAG_NT;
+    tkv_hash h;
+    tkv_hash_reset(&h);
+    tkv_hash_feed(&h, prefix, NULL, prefix_len, 0);
+    for (int64_t i = 0; i < count; i++) {
+        uint8_t *piece = (uint8_t *)(uintptr_t)pieces[i], *here = buf + i * seg;
+        if (dir == 0)
+            tkv_hash_feed(&h, here, piece, (size_t)seg, nt);
+        else
+            tkv_hash_feed(&h, piece, here, (size_t)seg, nt);
+    }
+    if (nt) tkv_store_fence();
+    *digest = tkv_hash_digest(&h);
+    return 0;
 }
 
 /* XXH3-64 of `len` contiguous bytes (> 240), for the self-test and the benchmark. */

@@ -10,7 +10,7 @@ Loads run on a background thread, so the scheduler keeps stepping other requests
 
 - Every block is checked before it may feed attention: key, dtype, shape and layout from a
   private copy of its header, then the checksum of the payload *as it landed* in vLLM's block
-  (on a CPU device), or of a private host copy before it is uploaded (on an accelerator). The
+  (on a CPU device: copied and hashed in one native pass, connector/native.py), or of a private host copy before it is uploaded (on an accelerator). The
   bytes may come from shared memory other processes can write, so verifying the source would
   prove nothing about what was copied.
 - The leading run of good blocks is the load; every block after the first bad or missing one is
@@ -22,7 +22,8 @@ Loads run on a background thread, so the scheduler keeps stepping other requests
   landed, even if its thread is still waiting on the daemon.
 
 Saves: after the step's forward (``wait_for_save``), the blocks the scheduler named are gathered
-into private host tensors right away (vLLM may reuse a block as soon as the step is over), then
+into private host memory right away (vLLM may reuse a block as soon as the step is over: from host
+tensors straight into encoded blocks, copied and checksummed in one native pass), then
 queued, bounded by ``save_queue_bytes``, to a thread that asks the daemon what it lacks, encodes
 and sends. A full queue or a failing daemon drops saves (counted), never stalls a step.
 """
@@ -40,10 +41,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from connector import native
 from connector.dtypes import block_dtype, to_block_array
 from connector.vllm.counters import Counters
 from connector.vllm.meta import LoadOutcome, LoadSpec, SaveSpec, TierKVMetadata, TierKVWorkerMetadata
-from kvstore.block import encode_block, read_header, verify_payload
+from kvstore.block import encode_block, encode_header, read_header, set_checksum, verify_payload
 from kvstore.errors import BlockFormatError, ChecksumError, KVStoreTimeout
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,12 @@ class BlockLayout:
                       f"{'x'.join(map(str, self.block_shape))}"  # fmt: skip
         # host tensors: byte views per layer, so a block's piece is a numpy view (no torch call per copy)
         self._host = [t.view(torch.uint8).numpy() if self.on_host else None for t in self.tensors]
+        # and the address of each piece of block 0, in payload order, plus how far block b's lies
+        # on: the native ops copy a block to or from its pieces in one pass, hashing on the way
+        self._piece0 = np.array([p.data_ptr() for t in self.tensors for p in self._pieces(t, 0)], np.uint64)
+        step = {(p1.data_ptr() - p0.data_ptr()) for t in self.tensors
+                for p0, p1 in zip(self._pieces(t, 0), self._pieces(t, 1 if nb > 1 else 0), strict=True)}  # fmt: skip
+        self._step = step.pop() if len(step) == 1 else None
 
     def _pieces(self, t: torch.Tensor, b: int) -> list[torch.Tensor]:
         return [t[0, b], t[1, b]] if self.kv_first else [t[b]]
@@ -115,6 +123,24 @@ class BlockLayout:
                 out += [arr[0, b].reshape(-1), arr[1, b].reshape(-1)]
             else:
                 out.append(arr[b].reshape(-1))
+        return out
+
+    def piece_addrs(self, b: int) -> np.ndarray | None:
+        """Addresses of block ``b``'s pieces in payload order (host tensors with one stride per
+        block id; else None). ``b`` must have passed ``check``."""
+        if not self.on_host or self._step is None:
+            return None
+        return self._piece0 + np.uint64(b * self._step)
+
+    def encode(self, b: int, key: bytes) -> bytearray:
+        """Block ``b`` as an encoded daemon block (header, then its pieces in payload order), gathered
+        and checksummed in one pass (host tensors with ``piece_addrs``)."""
+        addrs = self.piece_addrs(b)
+        assert addrs is not None
+        header = encode_header(key, self.dtype_str, self.block_shape, self.layout, self.block_bytes)
+        out = bytearray(len(header) + self.block_bytes)
+        out[: len(header)] = header
+        set_checksum(out, native.gather_checksum(header, addrs, self.piece_bytes, memoryview(out)[len(header):]))
         return out
 
     def check(self, b: int) -> None:
@@ -174,7 +200,7 @@ class Worker:
         self._save_cap = save_queue_bytes
         self._save_bytes = 0
         self._save_cv = threading.Condition()
-        self._save_q: list[tuple[list[bytes], torch.Tensor] | None] = []
+        self._save_q: list[tuple[list[bytes], torch.Tensor | list[bytearray]] | None] = []
         self._saver = threading.Thread(target=self._save_loop, name="tierkv-vllm-save", daemon=True)
         self._saver.start()
         self._saved: list[bytes] = []
@@ -338,7 +364,10 @@ class Worker:
                 raise BlockFormatError(f"block {i} has {hdr.payload_len} payload bytes, not {lay.block_bytes}")
             src = np.frombuffer(mv, dtype=np.uint8, offset=hdr.size, count=hdr.payload_len)
             b = spec.block_ids[i]
-            if lay.on_host:
+            addrs = lay.piece_addrs(b)
+            if addrs is not None:
+                native.scatter_verify(hdr, src, addrs, lay.piece_bytes)  # checks what landed
+            elif lay.on_host:
                 pieces = lay.host_pieces(b)
                 off = 0
                 for p in pieces:
@@ -366,7 +395,14 @@ class Worker:
                 return
             self._save_bytes += need
         try:
-            data = self.layout.gather(spec.block_ids)
+            lay = self.layout
+            data: torch.Tensor | list[bytearray]
+            if lay.piece_addrs(0) is not None:  # host: encoded now, in one pass per block
+                for b in spec.block_ids:
+                    lay.check(b)
+                data = [lay.encode(b, k) for b, k in zip(spec.block_ids, spec.keys, strict=True)]
+            else:
+                data = lay.gather(spec.block_ids)
         except Exception as e:  # noqa: BLE001 - a save that cannot be gathered is dropped, counted
             with self._save_cv:
                 self._save_bytes -= need
@@ -396,14 +432,17 @@ class Worker:
                     self._save_bytes -= len(keys) * self.layout.block_bytes
                     self._save_cv.notify_all()
 
-    def _send(self, keys: list[bytes], data: torch.Tensor) -> None:
+    def _send(self, keys: list[bytes], data: torch.Tensor | list[bytearray]) -> None:
         todo = list(range(len(keys)))
         if self._held is not None:
             held = self._held(keys)
             todo = [i for i in todo if held[i] is None]
             self.counters.add("blocks:save_skipped", len(keys) - len(todo))
-        items = []
+        items: list[tuple[bytes, bytes | bytearray]] = []
         for i in todo:
+            if isinstance(data, list):  # encoded when it was gathered
+                items.append((keys[i], data[i]))
+                continue
             arr, dt = to_block_array(data[i])
             items.append((keys[i], encode_block(keys[i], arr, dtype=dt, shape=self.layout.block_shape,
                                                 layout=self.layout.layout)))  # fmt: skip

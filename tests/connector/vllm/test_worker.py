@@ -230,3 +230,18 @@ def test_blocks_round_trip_through_cuda_block_tensors(daemon: Any, kv_first: boo
     for s, t in ((2, 0), (5, 1), (7, 3)):
         assert block_bytes(dst, t, kv_first) == block_bytes(src, s, kv_first)
     a.close(), b.close()
+
+
+@pytest.mark.parametrize("kv_first", [False, True])
+def test_one_pass_encode_is_the_block_the_general_path_makes(kv_first: bool) -> None:
+    """Host blocks are gathered and checksummed natively into an encoded block; it must be byte for
+    byte the block the torch gather + encode_block path makes (CUDA replicas still use that one,
+    and both kinds of replica read each other's blocks)."""
+    from connector.dtypes import to_block_array
+    from kvstore.block import encode_block
+
+    lay = BlockLayout(caches(3, kv_first), BLOCKS)
+    assert lay.piece_addrs(5) is not None
+    arr, dt = to_block_array(lay.gather([5])[0])
+    want = encode_block(KEYS[0], arr, dtype=dt, shape=lay.block_shape, layout=lay.layout)
+    assert bytes(lay.encode(5, KEYS[0])) == want
