@@ -4,7 +4,8 @@
 
 Modes, all up at once and taking turns point by point (load from elsewhere falls on each alike;
 the order rotates every run):
-- ``vllm``: vLLM's CPU build with its own prefix cache, a pool of ``--blocks`` (12 = 1,536 tokens);
+- ``vllm``: vLLM's CPU build with its own prefix cache, a pool of ``--blocks`` (14 = 1,792 tokens:
+  about three requests at once, a quarter or less of the working set);
 - ``ideal``: the same vLLM with a pool that holds every run's whole working set (400 blocks): the
   limit any offload can reach;
 - ``tierkv_cpu`` / ``tierkv_disk``: vLLM + TierKVConnector and a daemon whose one tier is cpu / disk
@@ -16,7 +17,8 @@ Workloads (bench/vllm_workload.py): multi-round chat and shared-prefix, each wit
 measured from its requests and compared to the pool; Poisson arrivals at ``--qps`` for
 ``--duration`` s per point (quick 60, full 120); ``--runs`` runs (3), each with new text. Per mode
 and workload: TTFT mean/p90, ITL p99, completed requests/s and prompt tokens by source (vLLM's own
-``vllm:prompt_tokens_by_source``; kvengine's usage), the median over runs and every run; greedy
+``vllm:prompt_tokens_by_source``; kvengine's usage), where TTFT goes (mean seconds waiting for the
+pool or a load, in prefill, and the connector's loads), the median over runs and every run; greedy
 answers compared request by request with ``vllm``'s and ``ideal``'s.
 """
 
@@ -43,6 +45,7 @@ from bench.vllm_workload import (
     BLOCK,
     ChatSpec,
     PrefixSpec,
+    blocks_per_request,
     chat_requests,
     prefix_requests,
     working_set_tokens,
@@ -57,11 +60,38 @@ TARGETS = {"ttft_mean_vs_ideal": ("<=", 1.25), "itl_p99_vs_vllm": ("<=", 1.2), "
            "working_set_over_pool": (">=", 4.0), "answers_differing_from_vllm": ("==", 0)}  # fmt: skip
 
 
+#: where a request's time to first token goes, from vLLM's /metrics: the mean seconds in WAITING
+#: (for room in the pool and, with tierkv, the load), then from scheduled to first token (prefill),
+#: and the connector's own mean load time
+PHASES = {"queue_mean_s": ("vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count"),
+          "prefill_mean_s": ("vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count"),
+          "load_mean_s": ("tierkv_connector_vllm_load_seconds_total", "tierkv_connector_vllm_loads_total")}
+PHASE_SERIES = {n for pair in PHASES.values() for n in pair}
+
+
+def phases(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Mean seconds per phase between two ``Mode.totals`` (None where nothing was counted)."""
+    out: dict[str, float | None] = {}
+    for k, (total, count) in PHASES.items():
+        n = after.get(count, 0.0) - before.get(count, 0.0)
+        out[k] = (after.get(total, 0.0) - before.get(total, 0.0)) / n if n > 0 else None
+    return out
+
+
 class Mode:
     """A mode's server: ``metrics`` is its /metrics as ``name{labels}`` -> value ({} for kvengine)."""
 
     def __init__(self, name: str, port: int, model: str, metrics: Callable[[], dict[str, float]]) -> None:
         self.name, self.port, self.model, self.metrics = name, port, model, metrics
+
+    def totals(self) -> dict[str, float]:
+        """Sums over labels of vLLM's request-phase histograms and the connector's load counters."""
+        out: dict[str, float] = {}
+        for sample, v in self.metrics().items():
+            name = sample.partition("{")[0]
+            if name in PHASE_SERIES:
+                out[name] = out.get(name, 0.0) + v
+        return out
 
     def by_source(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -105,12 +135,13 @@ def _sources(mode: Mode, before: dict[str, float], after: dict[str, float], recs
 
 async def _point(mode: Mode, reqs: list, answer_tokens: int) -> dict[str, Any]:
     api = client(mode.port)
-    before = mode.by_source()
+    before, totals = mode.by_source(), mode.totals()
     jobs = [lambda r=r: send(api, mode.model, r.key, r.messages, answer_tokens) for r in reqs]
     recs, secs = await at_offsets(jobs, [r.at_s for r in reqs], f"{mode.name}")
     await asyncio.sleep(1.5)  # vLLM publishes its counters a step later
     out = point_stats(recs, secs)
     out["tokens_by_source"] = _sources(mode, before, mode.by_source(), recs)
+    out["phases"] = phases(totals, mode.totals())
     out["answers"] = [r.text if r.error is None else None for r in recs]
     return out
 
@@ -190,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=None, help="seconds of arrivals per point")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--qps", type=float, default=0.5)
-    ap.add_argument("--blocks", type=int, default=12, help="vLLM's KV pool in 128-token blocks (ideal: 400)")
+    ap.add_argument("--blocks", type=int, default=14, help="vLLM's KV pool in 128-token blocks (ideal: 400)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--workloads", default="chat,shared_prefix")
     ap.add_argument("--settle", type=float, default=5.0)
@@ -227,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         ws = min(s[0] for s in sets)
         plan[wl] = (specs[wl], per_run)
         doc["workloads"][wl] = {"spec": vars(specs[wl]), "requests_per_run": [len(r) for r in per_run],
-                                "working_set_tokens": ws, "working_set_over_pool": ws / pool}  # fmt: skip
+                                "working_set_tokens": ws, "working_set_over_pool": ws / pool,
+                                "blocks_per_request_mean": max(blocks_per_request(tok, r, specs[wl].answer_tokens)
+                                                               for r in per_run)}  # fmt: skip
     max_len = pool - BLOCK  # vLLM wants a block to spare beyond the longest sequence
     if longest + 32 > max_len:
         ap.error(f"the longest prompt ({longest} tokens) does not fit a pool of {pool} tokens")

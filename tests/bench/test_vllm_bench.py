@@ -82,3 +82,23 @@ def test_targets_are_met_only_when_the_figures_are() -> None:
     assert summarize(_doc(0.18))["all_targets_met"]
     for doc in (_doc(0.25), _doc(0.18, cpu_itl=0.07), _doc(0.18, cpu_answers=("a", "c")), _doc(0.18, ws=3.9)):
         assert not summarize(doc)["all_targets_met"]
+
+
+def test_blocks_per_request_counts_prompt_and_answer_rounded_up() -> None:
+    from bench.vllm_workload import blocks_per_request
+
+    spec = PrefixSpec(prefixes=1, prefix_tokens=200, question_tokens=5)
+    reqs = prefix_requests(spec, WordTok(), 1.0, 10.0, seed=4)
+    n = len(WordTok().apply_chat_template(reqs[0].messages, True, False).split())
+    assert blocks_per_request(WordTok(), reqs, 24, block=128) == -(-(n + 24) // 128)
+    assert blocks_per_request(WordTok(), reqs, 24 + 128, block=128) == -(-(n + 24) // 128) + 1
+
+
+def test_phases_are_means_of_the_histogram_deltas_and_none_when_nothing_counted() -> None:
+    from bench.vllm import phases
+
+    before = {"vllm:request_queue_time_seconds_sum": 1.0, "vllm:request_queue_time_seconds_count": 2.0}
+    after = {"vllm:request_queue_time_seconds_sum": 4.0, "vllm:request_queue_time_seconds_count": 8.0,
+             "vllm:request_prefill_time_seconds_sum": 3.0, "vllm:request_prefill_time_seconds_count": 6.0}
+    got = phases(before, after)
+    assert got == {"queue_mean_s": 0.5, "prefill_mean_s": 0.5, "load_mean_s": None}
