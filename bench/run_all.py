@@ -2,6 +2,8 @@
 
     python -m bench.run_all [--only tiers,e2e] [--out-dir bench/results]
 
+``--only`` reruns those benches and keeps the other sections of the summary as they were.
+
 Each bench runs in its own process (``python -m bench.NAME --quick --out DIR/NAME_quick.json``), so
 one bench's memory or threads never colour the next. Around each run we record what a reader
 needs to judge the figures: cores, load average before and after, OMP_NUM_THREADS (each bench
@@ -136,6 +138,17 @@ def run_one(name: str, out_dir: Path) -> dict[str, Any]:
             "machine_after": machine_facts(), "figures": [lookup(doc, f.path) for f in BENCHES[name]]}
 
 
+def merged(previous: Path, runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``runs`` over the earlier runs recorded in ``previous`` (an ``--only`` run replaces its own
+    benches' sections and keeps the others, each with its own revision and load), in BENCHES order."""
+    try:
+        old = json.loads(previous.read_text())
+    except (OSError, ValueError):
+        old = {}
+    both = {**(old if isinstance(old, dict) else {}), **runs}
+    return {n: both[n] for n in BENCHES if n in both and isinstance(both[n], dict) and "figures" in both[n]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(BENCHES)}")
@@ -146,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown bench {sorted(unknown)}; choose from {', '.join(BENCHES)}")
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {name: run_one(name, out_dir) for name in names}
+    runs = merged(out_dir / "run_all.json", {name: run_one(name, out_dir) for name in names})
     (out_dir / "run_all.json").write_text(json.dumps(runs, indent=2, default=str))
     (out_dir / "SUMMARY.md").write_text(summary_markdown(runs))
     print(summary_markdown(runs))
-    return max(r["returncode"] for r in runs.values())
+    return max(runs[n]["returncode"] for n in names)
 
 
 if __name__ == "__main__":

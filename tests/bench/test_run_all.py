@@ -47,3 +47,18 @@ def test_summary_lists_every_figure_with_its_verdict() -> None:
 def test_unknown_bench_is_refused() -> None:
     with pytest.raises(SystemExit):
         main(["--only", "nope"])
+
+
+def test_an_only_run_replaces_its_sections_and_keeps_the_others(tmp_path) -> None:
+    import json
+
+    from bench.run_all import merged
+
+    prev = tmp_path / "run_all.json"
+    old = {"tiers": {"figures": [1], "returncode": 0}, "vllm": {"figures": [2], "returncode": 1}}
+    prev.write_text(json.dumps(old))
+    got = merged(prev, {"vllm": {"figures": [3], "returncode": 0}, "engine": {"figures": [4], "returncode": 0}})
+    assert list(got) == ["engine", "tiers", "vllm"]  # BENCHES order
+    assert got["vllm"]["figures"] == [3] and got["tiers"] == old["tiers"]
+    prev.write_text("not json")
+    assert merged(prev, {"tiers": {"figures": [5]}}) == {"tiers": {"figures": [5]}}
