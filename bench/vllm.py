@@ -158,6 +158,9 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         modes = res["modes"]
         for m, r in modes.items():
             r["median"] = {k: _median(r["runs"], k) for k in FIGURES}
+            for k in PHASES:  # where the time went, for reading the TTFTs (no target)
+                vals = [p["phases"][k] for p in r["runs"] if (p.get("phases") or {}).get(k) is not None]
+                r["median"][k] = statistics.median(vals) if vals else None
             for ref in ("vllm", "ideal"):
                 if ref in modes and ref != m and m != "kvengine_tierkv":
                     diff = sum(a != b for run, rr in zip(r["runs"], modes[ref]["runs"], strict=False)

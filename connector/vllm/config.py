@@ -17,6 +17,13 @@ load_deadline_s        10.0       the most one request's load may take (then: re
 load_deadline_factor   4.0        ... or this many times the predicted load, if more than the min
 load_deadline_min_s    1.0        a load's deadline is at least this
 load_mode              "auto"     auto (cost model) | always (load what is held) | never
+sync_load_max_s        0.05       a load predicted to take at most this long runs inside the step
+                                  that schedules the request (vLLM waits for it before the forward;
+                                  its deadline is sync_load_deadline_s); longer ones run
+                                  asynchronously. An async load waits two engine steps (it starts at
+                                  the next step, is reported at that step's end), which under load
+                                  is far longer than a small load from a local tier. 0 = never
+sync_load_deadline_s   0.2        the most an in-step load may stall the step (then: recompute)
 min_prefill_samples    4          timed prefill steps before the cost model's prefill fit decides;
                                   until then every held block is loaded (outcome "uncalibrated")
 save                   true       write full blocks through to the daemon
@@ -54,6 +61,8 @@ class VLLMConnectorConfig:
     load_deadline_factor: float = 4.0
     load_deadline_min_s: float = 1.0
     load_mode: str = "auto"
+    sync_load_max_s: float = 0.05
+    sync_load_deadline_s: float = 0.2
     min_prefill_samples: int = 4
     save: bool = True
     save_queue_bytes: int = 256 * 1024**2
@@ -66,7 +75,8 @@ class VLLMConnectorConfig:
         host, sep, port = self.kvstore.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConnectorConfigError(f"kvstore must be HOST:PORT, got {self.kvstore!r}")
-        for name in ("lookup_deadline_s", "load_deadline_s", "load_deadline_factor", "load_deadline_min_s"):
+        for name in ("lookup_deadline_s", "load_deadline_s", "load_deadline_factor", "load_deadline_min_s",
+                     "sync_load_deadline_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ConnectorConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.load_mode not in LOAD_MODES:
@@ -74,6 +84,8 @@ class VLLMConnectorConfig:
         for name in ("min_prefill_samples", "save_queue_bytes", "known_keys"):
             if getattr(self, name) < 0:
                 raise ConnectorConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.sync_load_max_s < 0:
+            raise ConnectorConfigError(f"sync_load_max_s must be >= 0, got {self.sync_load_max_s!r}")
         if self.retry_after_failure_s < 0:
             raise ConnectorConfigError(f"retry_after_failure_s must be >= 0, got {self.retry_after_failure_s!r}")
 

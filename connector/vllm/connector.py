@@ -142,7 +142,7 @@ class TierKVConnector(KVConnectorBase_V1):
             self.worker.start_loads()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are asynchronous: no request of this step reads a block being loaded
+        return  # in-step loads are done when start_load_kv returns; the others are asynchronous
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         return  # saves are gathered once, after the forward (wait_for_save)

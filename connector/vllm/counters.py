@@ -17,6 +17,7 @@ blocks:save_dropped        full blocks not sent: the save queue was full or the 
 failed:REASON              blocks a load gave back to vLLM to recompute, by reason
 bytes:loaded / bytes:saved block bytes moved
 load_seconds / loads       time of the loads (lookup excluded) and their number
+sync_loads                 of those, loads run inside the step (planner: ``sync_load_max_s``)
 decisions:OUTCOME          cost-model decisions per request (load_all, load_partial,
                            recompute, uncalibrated, none_held)
 lookup_errors              lookups that failed (the request recomputes)

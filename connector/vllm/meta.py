@@ -32,6 +32,7 @@ class LoadSpec:
     block_ids: list[int]
     tiers: list[str]  # where the lookup found each block (the cost model learns per tier)
     deadline_s: float
+    sync: bool = False  # in the step (vLLM scheduled the request over it), not reported by get_finished
 
 
 @dataclass

@@ -73,6 +73,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "decisions": ("decisions_total", "Cost-model decisions per request, by outcome", "outcome"),
     "loads": ("loads_total", "Loads finished (whole or in part)", ""),
     "load_seconds": ("load_seconds_total", "Seconds spent in loads (lookups excluded)", ""),
+    "sync_loads": ("sync_loads_total", "Of the loads, those run inside the step (the rest asynchronously)", ""),
     "lookup_errors": ("lookup_errors_total", "Lookups that failed (the request recomputed)", ""),
     "lookup_skipped": ("lookup_skipped_total", "Lookups skipped after a recent failure", ""),
 }

@@ -6,7 +6,9 @@ layer's tensor (``t[b]`` when the block dimension leads, as on vLLM's CPU backen
 when K and V lead, as with flash-attn on CUDA). Nothing here imports vLLM.
 
 Loads run on a background thread, so the scheduler keeps stepping other requests while they do
-(vLLM holds the request in WAITING_FOR_REMOTE_KVS until ``finished`` names it):
+(vLLM holds the request in WAITING_FOR_REMOTE_KVS until ``finished`` names it), except those the
+planner marks ``sync``: small loads it predicts to be fast run on the step's thread before the
+forward (vLLM scheduled the request over them), bounded by their own short deadline. Either way:
 
 - Every block is checked before it may feed attention: key, dtype, shape and layout from a
   private copy of its header, then the checksum of the payload *as it landed* in vLLM's block
@@ -226,6 +228,9 @@ class Worker:
                 continue
             now = self._clock()
             job = _Load(spec, now, now + spec.deadline_s, landed=[False] * len(spec.keys))
+            if spec.sync:
+                self._run_sync(job)
+                continue
             self._loads[spec.req_id] = job
             self._load_q.put(job)
         meta.loads = []  # bind may be followed by more than one start_load_kv: start each load once
@@ -298,6 +303,20 @@ class Worker:
                                           n * self.layout.block_bytes, reason, bad))  # fmt: skip
         if reason:
             log.info("tierkv: load of %s stopped at block %d of %d (%s)", spec.req_id, n, len(spec.keys), reason)
+
+    def _run_sync(self, job: _Load) -> None:
+        """A load inside the step, on the step's thread, before the forward: bounded by its own
+        (short) deadline; what did not land is in ``load_errors`` after this step, never in
+        ``finished`` (vLLM scheduled the request already and recomputes from the first bad block)."""
+        try:
+            self._run_load(job)
+        except Exception as e:  # noqa: BLE001 - a failed load is a recompute, never a crash
+            job.error = job.error or "error"
+            log.warning("tierkv: in-step load of %s failed: %s", job.spec.req_id, e)
+        job.seconds = job.seconds or self._clock() - job.started
+        job.done.set()
+        self.counters.add("sync_loads")
+        self._report(job)
 
     def _load_loop(self) -> None:
         while True:

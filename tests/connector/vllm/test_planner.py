@@ -190,3 +190,31 @@ def test_a_request_whose_load_fell_short_is_never_loaded_again() -> None:
     p.report(TierKVWorkerMetadata(loads=[LoadOutcome("r", 0, 3, [], 0.01, 0, "corrupt", [keys[0]])]))
     assert p.matched("r", toks, len(toks), None, 0) == (0, False)
     assert p.build([]).loads == []
+
+
+def _calibrated(per_token_s: float, tier_s_per_mib: float, **extra: object) -> tuple[Planner, list[int]]:
+    d = FakeDaemon()
+    toks = list(range(3 * BS + 1))
+    d.held = set(SPACE.keys(toks, None))
+    p = planner(d, min_prefill_samples=2, **extra)
+    p.report(TierKVWorkerMetadata(steps=[([(n, 0)], 1e-3 + per_token_s * n) for n in (64, 128, 256)]))
+    p.report(TierKVWorkerMetadata(loads=[LoadOutcome("x", 1, 1, ["cpu"], tier_s_per_mib, 1 << 20)]))
+    return p, toks
+
+
+def test_a_small_fast_load_runs_in_the_step_with_its_own_short_deadline() -> None:
+    p, toks = _calibrated(1e-2, 1e-3)  # 3 blocks of 1 MiB at ~1 GB/s: ~3 ms, well under 50 ms
+    assert p.matched("r", toks, len(toks), None, 0) == (3 * BS, False)  # (n, False): vLLM schedules it now
+    p.allocated("r", [0, 1, 2, 3], 3 * BS)
+    (spec,) = p.build([Scheduled("r", 3 * BS, 1, [0, 1, 2, 3], True)]).loads
+    assert spec.sync and spec.deadline_s == p.cfg.sync_load_deadline_s == 0.2
+
+
+def test_a_slow_load_or_sync_off_stays_asynchronous() -> None:
+    p, toks = _calibrated(1e-1, 0.1)  # ~0.3 s to load, more to recompute: load, asynchronously
+    assert p.matched("r", toks, len(toks), None, 0) == (3 * BS, True)
+    p.allocated("r", [0, 1, 2, 3], 3 * BS)
+    (spec,) = p.build([]).loads
+    assert not spec.sync and spec.deadline_s >= p.cfg.load_deadline_min_s
+    q, toks = _calibrated(1e-2, 1e-3, sync_load_max_s=0)
+    assert q.matched("r", toks, len(toks), None, 0) == (3 * BS, True)

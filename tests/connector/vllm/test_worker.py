@@ -245,3 +245,20 @@ def test_one_pass_encode_is_the_block_the_general_path_makes(kv_first: bool) -> 
     arr, dt = to_block_array(lay.gather([5])[0])
     want = encode_block(KEYS[0], arr, dtype=dt, shape=lay.block_shape, layout=lay.layout)
     assert bytes(lay.encode(5, KEYS[0])) == want
+
+
+def test_an_in_step_load_lands_before_start_loads_returns_and_is_never_finished(daemon: Any) -> None:
+    """vLLM scheduled the request over an in-step load: the blocks are in place when start_load_kv
+    returns, get_finished never names it (vLLM would assert), and a missing block is a load error
+    after this very step, so vLLM recomputes from it."""
+    src, dst = caches(1), caches(None)
+    a, b = worker(daemon, src), worker(daemon, dst)
+    save(a, KEYS[:2], [2, 5])
+    b.bind(TierKVMetadata(loads=[LoadSpec("r", KEYS[:3], [0, 1, 3], ["cpu"] * 3, 0.5, sync=True)]))
+    b.start_loads()
+    assert block_bytes(dst, 0) == block_bytes(src, 2) and block_bytes(dst, 1) == block_bytes(src, 5)
+    assert b.load_errors() == {3} and b.finished() == set()
+    (o,) = b.worker_meta().loads  # type: ignore[union-attr]
+    assert (o.loaded, o.wanted, o.reason) == (2, 3, "missing")
+    assert b.counters.take()["sync_loads"] == 1
+    a.close(), b.close()
