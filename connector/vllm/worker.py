@@ -308,13 +308,7 @@ class Worker:
         """A load inside the step, on the step's thread, before the forward: bounded by its own
         (short) deadline; what did not land is in ``load_errors`` after this step, never in
         ``finished`` (vLLM scheduled the request already and recomputes from the first bad block)."""
-        try:
-            self._run_load(job)
-        except Exception as e:  # noqa: BLE001 - a failed load is a recompute, never a crash
-            job.error = job.error or "error"
-            log.warning("tierkv: in-step load of %s failed: %s", job.spec.req_id, e)
-        job.seconds = job.seconds or self._clock() - job.started
-        job.done.set()
+        self._execute(job)
         self.counters.add("sync_loads")
         self._report(job)
 
@@ -323,15 +317,19 @@ class Worker:
             job = self._load_q.get()
             if job is None:
                 return
-            try:
-                self._run_load(job)
-            except Exception as e:  # noqa: BLE001 - a failed load is a recompute, never a crash
-                with job.lock:
-                    job.error = job.error or "error"
-                log.warning("tierkv: load of %s failed: %s", job.spec.req_id, e)
-            finally:
-                job.seconds = job.seconds or self._clock() - job.started
-                job.done.set()
+            self._execute(job)
+
+    def _execute(self, job: _Load) -> None:
+        """Run one load (in the step or on the load thread): its time, and done whatever happens."""
+        try:
+            self._run_load(job)
+        except Exception as e:  # noqa: BLE001 - a failed load is a recompute, never a crash
+            with job.lock:
+                job.error = job.error or "error"
+            log.warning("tierkv: load of %s failed: %s", job.spec.req_id, e)
+        finally:
+            job.seconds = job.seconds or self._clock() - job.started
+            job.done.set()
 
     def _run_load(self, job: _Load) -> None:
         spec, lay = job.spec, self.layout
