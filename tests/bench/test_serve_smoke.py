@@ -24,6 +24,9 @@ def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> Non
                          RAGSpec(docs=3, doc_tokens=32, question_tokens=8, answer_tokens=4, requests=2),
                          ("radix", "daemon_cpu"))
     monkeypatch.setattr(serve, "QUICK", small)
+    # The tiny model recomputes a page faster than any tier loads it, so the cost model would rightly
+    # recompute (CI once saw 0 redis tokens): this smoke checks the plumbing, so every hit is loaded.
+    monkeypatch.setenv("TIERKV_CONNECTOR_LOAD_MODE", "always")
     model = shutil.copytree(tiny_model_dir, tmp_path / "tiny")  # with SmolLM2's chat template: the API is chat
     shutil.copy(hf_model_dir("") / "chat_template.jinja", model / "chat_template.jinja")
     out = tmp_path / "serve.json"
