@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.advise_workloads import Workload, all_workloads, replay
-from kvstore.advise import advise
-from kvstore.mrc import lru_curve, references
-from kvstore.mrc_chain import chain_hits
-from kvstore.trace import read_trace
+from kvstore.ops.advise import advise
+from kvstore.ops.mrc import lru_curve, references
+from kvstore.ops.mrc_chain import chain_hits
+from kvstore.ops.trace import read_trace
 
 
 def figures(traces: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from kvstore.block import encode_block
-from kvstore.level import LevelOptions
-from kvstore.tiered_store import TieredStore
-from kvstore.trace import TraceControl
+from kvstore.ops.trace import TraceControl
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tiers.cpu import CpuTier
 from tiers.disk import DiskTier
 
@@ -86,7 +86,7 @@ class Replay:
 
 def replay(w: Workload, capacities: Sequence[int], trace_to: Path | None = None) -> Replay:
     """Run ``w`` through a TieredStore of a cpu tier (+ a disk tier if two capacities); with
-    ``trace_to``, the daemon's trace of this run is written there (kvstore/trace.py)."""
+    ``trace_to``, the daemon's trace of this run is written there (kvstore/ops/trace.py)."""
     with tempfile.TemporaryDirectory(prefix="tierkv-advise-") as tmp:
         levels = [(CpuTier(int(capacities[0]), pinned=False), LevelOptions())]
         levels += [(DiskTier(Path(tmp) / f"disk{i}", int(c), sync=False), LevelOptions())

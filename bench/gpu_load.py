@@ -29,7 +29,7 @@ from connector.loader import Loader
 from engine.kv_pool import KVPool
 from engine.model_loader import load_model
 from kvstore.block import encode_block
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
 from kvstore.keys import BlockKey
 
 PAGE_SIZE = 16

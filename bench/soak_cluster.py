@@ -21,11 +21,11 @@ from pathlib import Path
 import httpx
 
 from bench.servers import RedisServer, SeaweedS3, free_port, prepare_bucket
-from kvstore.auth import ClientAuth
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import Retry
 from kvstore.errors import KVStoreError
 from kvstore.launch import spawn_daemon, stop_daemon
-from kvstore.retry import Retry
+from kvstore.server.auth import ClientAuth
 
 BUCKET = "soak"
 

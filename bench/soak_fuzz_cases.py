@@ -22,9 +22,9 @@ import xxhash
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import strategies as st
 
-from kvstore import stream_wire as w
 from kvstore.block import _CHECKSUM_OFFSET, _FIXED, encode_block
 from kvstore.proto import kvstore_pb2 as pb
+from kvstore.server import stream_wire as w
 
 EDGE_U64 = (0, 1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 4095, 4096, 4097, 65535, 65536, 2**31 - 1, 2**31,
             2**32 - 1, 2**32, 2**53, 2**63 - 1, 2**63, 2**64 - 1)  # fmt: skip

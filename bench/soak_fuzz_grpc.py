@@ -24,14 +24,14 @@ from hypothesis import strategies as st
 
 from bench.soak_fuzz import Tally, run_cases
 from bench.soak_fuzz_cases import messages, put_streams, raw_or_mutated, stream_requests
-from kvstore import stream_wire as w
-from kvstore.auth import ClientAuth
 from kvstore.block import decode_block, encode_block
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
+from kvstore.client.shm import HEADER_BYTES, ArenaMap, ShmSegment
 from kvstore.errors import BlockFormatError
 from kvstore.launch import spawn_daemon, stop_daemon
 from kvstore.proto import kvstore_pb2 as pb
-from kvstore.shm import HEADER_BYTES, ArenaMap, ShmSegment
+from kvstore.server import stream_wire as w
+from kvstore.server.auth import ClientAuth
 
 SERVICE = "/tierkv.kvstore.v1.KVStore/"
 HEALTH = "/grpc.health.v1.Health/"

@@ -12,9 +12,9 @@ import grpc
 
 from bench.soak_cluster import Cluster
 from bench.soak_load import TENANTS, Answer, Load, private_prompt
-from kvstore import stream_wire as w
-from kvstore.auth import ClientAuth
 from kvstore.proto import kvstore_pb2 as pb
+from kvstore.server import stream_wire as w
+from kvstore.server.auth import ClientAuth
 
 SERVICE = "/tierkv.kvstore.v1.KVStore/"
 

@@ -86,7 +86,7 @@ def _pool_sink(sizes: list[int]) -> Callable[[int, memoryview], None]:
 def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> None:
     """Runs in the separate client process: prints one JSON line of timings."""
     from bench.tier_baselines import redis_client_like
-    from kvstore.client import KVStoreClient
+    from kvstore.client.client import KVStoreClient
 
     spec = json.loads(Path(keys_file).read_text())
     keys = [bytes.fromhex(k) for k in spec["keys"]]
@@ -132,7 +132,7 @@ def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> N
 
 def _scaling_client_main(address: str, keys_file: str, rounds: int) -> None:
     """One of the concurrent clients: warm up, say ready, wait for go, time ``rounds`` passes."""
-    from kvstore.client import KVStoreClient
+    from kvstore.client.client import KVStoreClient
 
     keys = [bytes.fromhex(k) for k in json.loads(Path(keys_file).read_text())["keys"]]
     with KVStoreClient(address, deadline_s=60.0) as c:
@@ -224,7 +224,7 @@ QUICK, FULL = Plan(blocks=32, rounds=5, tcp_blocks=12), Plan(blocks=96, rounds=9
 def measure_daemon(quick: bool, redis_url: str, plan: Plan | None = None) -> dict[str, Any]:
     """Start a daemon, load it and Redis with the same blocks, time gets from another process."""
     from bench.tier_baselines import redis_client_like
-    from kvstore.client import KVStoreClient
+    from kvstore.client.client import KVStoreClient
 
     plan = plan or (QUICK if quick else FULL)
     n, rounds, n_tcp = plan.blocks, plan.rounds, plan.tcp_blocks

@@ -11,7 +11,7 @@ A prompt of ``n`` tokens has ``ceil(n / page_size)`` pages. In page order:
 - ``after_gap`` (tier): the daemon holds it, but an earlier page is missing; KV is only usable as
   a contiguous prefix, so it is recomputed;
 - ``evicted`` (tier): absent from the daemon, and that tier evicted it lately (a ghost,
-  kvstore/ghosts.py): a bigger tier would have hit;
+  kvstore/store/miss_reasons.py): a bigger tier would have hit;
 - ``absent``: absent, and no tier remembers it (never stored, evicted long ago, or deleted);
 - ``unavailable``: the daemon was not asked (a lookup failed, or within the back-off after one);
 - ``tail``: the page holding the prompt's last token: always computed (its logits start the output).

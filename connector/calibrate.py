@@ -20,7 +20,7 @@ from connector.loader import Loader
 from connector.offload import LAYOUT
 from engine.forward_batch import ForwardBatch
 from kvstore.block import encode_block
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
 
 log = logging.getLogger(__name__)
 

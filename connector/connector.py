@@ -32,11 +32,11 @@ from connector.state import KVState
 from engine.hooks import NOTHING, LoadPoll, PageSource
 from engine.radix_cache import EvictedNode
 from engine.request import Request
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import Retry
 from kvstore.errors import KVStoreError
 from kvstore.keys import BlockKey
-from kvstore.retry import Retry
-from kvstore.store_types import InPlace
+from kvstore.store.results import InPlace
 
 log = logging.getLogger(__name__)
 

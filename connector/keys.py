@@ -3,7 +3,7 @@ the model fingerprint, page size, KV dtype and the request's tenant salt (``cach
 
 Two tenants therefore never compute the same key for the same tokens, and two engines with the
 same model and settings always do (no Python ``hash()`` anywhere: stable across processes). A
-salted request's keys carry its tenant's tag (the daemon's accounting, kvstore/tenants.py).
+salted request's keys carry its tenant's tag (the daemon's accounting, kvstore/store/tenants.py).
 
 The leading pages of a prompt that lie inside an operator-declared shared prefix
 (engine/shared_prefix.py, the same object the engine's radix tree routes by) are keyed in the

@@ -14,7 +14,7 @@ are not pinned, so one that fails its checks (reused since the lookup) is asked 
 Get, with everything after it.
 
 How many blocks one Get asks for: when the daemon answers in place from its cpu arena (the
-client mapped it, kvstore/shm.py) the answer is only handles, so one Get asks for the whole
+client mapped it, kvstore/client/shm.py) the answer is only handles, so one Get asks for the whole
 load; otherwise one Get per ``chunk_bytes`` (what the daemon copies into the segment at once).
 Either way a deadline keeps the contiguous prefix that arrived: the copy itself runs within
 the time left, and blocks it did not reach are not counted.
@@ -38,10 +38,10 @@ import torch
 from connector import native, native_batch
 from engine.kv_pool import KVPool
 from kvstore.block import BlockHeader, read_header
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
 from kvstore.errors import BlockFormatError, KVStoreError, KVStoreTimeout
 from kvstore.keys import BlockKey
-from kvstore.store_types import InPlace, LookupResult
+from kvstore.store.results import InPlace, LookupResult
 
 log = logging.getLogger(__name__)
 STAGE_PAGES = 32  # pages staged on the host at once for an accelerator pool

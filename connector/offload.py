@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from connector.metrics import ConnectorMetrics
 from connector.staging import LAYOUT, StagedPages
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
 
 log = logging.getLogger(__name__)
 __all__ = ["LAYOUT", "KnownKeys", "Offloader"]

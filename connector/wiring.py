@@ -21,7 +21,7 @@ from connector.blend.metrics import BlendCollector
 from connector.config import ConnectorConfig
 from connector.connector import KVConnector
 from connector.cost_model import PrefillModel
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
 
 log = logging.getLogger(__name__)
 

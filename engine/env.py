@@ -1,7 +1,7 @@
 """One way to read a frozen config dataclass from ``PREFIX_FIELD`` environment variables.
 
 Used by the engine (TIERKV_ENGINE_*) and the connector (TIERKV_CONNECTOR_*); the kvstore daemon
-has its own YAML + env loader (kvstore/settings.py). Values are coerced by the field's declared type
+has its own YAML + env loader (kvstore/config/store_config.py). Values are coerced by the field's declared type
 (int, float, bool, str; a field named like ``*_memory``/``*_bytes`` of type int also takes sizes
 such as 512Mi: Kubernetes units, G = 10^9, Gi = 2^30, bare numbers are bytes, lowercase refused as
 ambiguous). A bad value is one clear line naming the variable.
@@ -31,7 +31,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def parse_size(value: str | int) -> int:
-    """'4Gi' -> 4294967296, '4G' -> 4000000000; plain ints are bytes (the rule of kvstore/sizes.py)."""
+    """'4Gi' -> 4294967296, '4G' -> 4000000000; plain ints are bytes (the rule of kvstore/config/sizes.py)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     m = _SIZE.match(str(value)) if isinstance(value, str) else None

@@ -2,8 +2,8 @@
 ``kvstore stats --address ADDR [--json] [--watch S]`` prints per-tier statistics; ``kvstore health
 --address ADDR`` exits 0 when the daemon answers SERVING on gRPC health (container health checks),
 and names the tiers that are detached (the daemon serves degraded: still exit 0, see
-kvstore/health.py); ``kvstore trace start|stop`` records the daemon's accesses to a file and
-``kvstore advise TRACE`` sizes each tier from it (kvstore/advise.py). A bad value anywhere is one
+kvstore/server/health.py); ``kvstore trace start|stop`` records the daemon's accesses to a file and
+``kvstore advise TRACE`` sizes each tier from it (kvstore/ops/advise.py). A bad value anywhere is one
 line on stderr and exit 2; ``--version`` prints the package version."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from kvstore import auth, stats_view
-from kvstore.auth import ClientAuth
-from kvstore.config import KINDS, StoreConfig
+from kvstore.config.flags import build_arg_parser
+from kvstore.config.store_config import KINDS, StoreConfig
 from kvstore.errors import KVStoreError
-from kvstore.options import build_arg_parser
+from kvstore.ops import stats_view
+from kvstore.server import auth
+from kvstore.server.auth import ClientAuth
 from tiers.errors import TierKVError
 
 log = logging.getLogger("kvstore")
@@ -42,7 +43,7 @@ def _client_auth(args: argparse.Namespace) -> ClientAuth:
 def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None, as_json: bool = False,
                 watch_s: float = 0.0) -> int:
     """Print the daemon's stats once, or every ``watch_s`` seconds until Ctrl-C (exit 0)."""
-    from kvstore.client import KVStoreClient
+    from kvstore.client.client import KVStoreClient
 
     with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
         try:
@@ -64,8 +65,8 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None,
 
 
 def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
-    from kvstore.client import KVStoreClient
-    from kvstore.health import TIER_SERVICE
+    from kvstore.client.client import KVStoreClient
+    from kvstore.server.health import TIER_SERVICE
 
     with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
         ok = c.health()
@@ -77,7 +78,7 @@ def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None
 def trace_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kvstore.client import KVStoreClient
+    from kvstore.client.client import KVStoreClient
 
     with KVStoreClient(args.address, deadline_s=args.deadline, use_shm=False, auth=_client_auth(args)) as c:
         if args.action == "start":  # a relative --out is relative to where the command runs
@@ -98,7 +99,7 @@ def describe(cfg: StoreConfig) -> str:
 
 
 def _serve(argv: list[str], args: argparse.Namespace) -> int:
-    from kvstore.settings import effective_lines, load_settings  # pydantic: not for `health` probes
+    from kvstore.config.store_config import effective_lines, load_settings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rest = argv[argv.index("serve") + 1 :]
@@ -112,7 +113,7 @@ def _serve(argv: list[str], args: argparse.Namespace) -> int:
     log.info("kvstore %s, effective configuration (value  (source); secrets masked):", package_version())
     for line in effective_lines(settings):
         log.info("config %s", line)
-    from kvstore.server import serve
+    from kvstore.server.daemon import serve
 
     return serve(settings.config)
 
@@ -148,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trace_p.add_argument("--deadline", type=float, default=30.0, help="seconds to wait for the daemon")
     trace_p.add_argument("--token-file", help="bearer token file (as for stats)")
     advise_p = sub.add_parser("advise", help="miss-ratio curves and tier sizes from a trace")
-    from kvstore.advise_report import add_arguments
+    from kvstore.ops.advise_report import add_arguments
 
     add_arguments(advise_p)
     for p in (stats_p, health_p, trace_p):
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "trace":
             return trace_command(args)
         if args.cmd == "advise":
-            from kvstore.advise_report import run
+            from kvstore.ops.advise_report import run
 
             return run(args)
         return _serve(argv, args)

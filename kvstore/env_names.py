@@ -4,7 +4,7 @@ Daemon and engine often share a shell (and a compose file's ``x-`` anchors), so 
 must not warn about ``TIERKV_ENGINE_KV_MEMORY`` and ``kvengine`` must not warn about
 ``TIERKV_CPU``; a misspelt one (``TIERKV_CPUS``) is warned by both, with the closest real name.
 Names come from the programs themselves: the daemon's option table and StoreConfig fields, the
-clients' variables (kvstore/auth.py), and the ``PREFIX_FIELD`` dataclasses of engine/env.py's users
+clients' variables (kvstore/server/auth.py), and the ``PREFIX_FIELD`` dataclasses of engine/env.py's users
 (imported only when a variable with their prefix is set: the CacheBlend one imports torch).
 A new variable read outside these places belongs in EXTRA.
 """
@@ -18,7 +18,7 @@ from dataclasses import fields
 
 PREFIX = "TIERKV_"
 CLIENT = ("TIERKV_TOKEN", "TIERKV_TOKEN_FILE", "TIERKV_TLS_CA", "TIERKV_CLIENT_CERT", "TIERKV_CLIENT_KEY",
-          "TIERKV_CACHE_DIR")  # kvstore/auth.py (every client and the daemon)
+          "TIERKV_CACHE_DIR")  # kvstore/server/auth.py (every client and the daemon)
 EXTRA = ("TIERKV_CONFIG", "TIERKV_CONNECTOR_CALIBRATION", "TIERKV_GPU_CHECK_MODEL")
 # prefix -> (module, dataclass, fields not read from the environment): engine/env.py's env_overrides users
 PREFIXED = {
@@ -29,8 +29,8 @@ PREFIXED = {
 
 
 def daemon_names() -> set[str]:
-    from kvstore.config import StoreConfig
-    from kvstore.options import OPTIONS
+    from kvstore.config.flags import OPTIONS
+    from kvstore.config.store_config import StoreConfig
 
     return {o.env for o in OPTIONS} | {f"{PREFIX}{f.name.upper()}" for f in fields(StoreConfig) if f.name != "tiers"}
 

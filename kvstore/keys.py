@@ -12,7 +12,7 @@ config, weights digest, KV dtype, page size) plus a tenant salt, so tenants and 
 share blocks by accident. The hash is what isolates tenants: a tenant's salt enters every key's
 digest, in every tier.
 
-Key format (what the daemon sees; it parses the tag for accounting only, kvstore/tenants.py):
+Key format (what the daemon sees; it parses the tag for accounting only, kvstore/store/tenants.py):
 
 - 16 bytes: ``hash`` — the default namespace (no salt), and any opaque key a client picks;
 - 24 bytes: ``b"t\\x01" + tag + hash`` — a tenant's key: ``tag`` is 6 bytes of blake2b of the
@@ -53,7 +53,7 @@ def _canonical_json(obj: Any) -> bytes:
 
 
 def tenant_tag(tenant_salt: str) -> bytes:
-    """The 6-byte pseudonym of a tenant salt that its keys carry (``kvstore.tenants.tenant_name``
+    """The 6-byte pseudonym of a tenant salt that its keys carry (``kvstore.store.tenants.tenant_name``
     prints it as 12 hex digits)."""
     return hashlib.blake2b(tenant_salt.encode(), digest_size=TAG_BYTES, person=_PERSON_TAG).digest()
 

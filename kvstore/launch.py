@@ -2,7 +2,7 @@
 
 The daemon prints ``kvstore listening on HOST:PORT`` once it serves; we read that line rather than
 guess a port, so several daemons can start at once without racing for one. Each uses the token
-file a client of this process finds by default (kvstore/auth.py), so callers pass no token.
+file a client of this process finds by default (kvstore/server/auth.py), so callers pass no token.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvstore.auth import default_token_file
+from kvstore.server.auth import default_token_file
 
 READY = "kvstore listening on "
 

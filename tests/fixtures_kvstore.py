@@ -5,7 +5,7 @@ Three kinds of daemon, from the most real to the most controllable:
 
 - ``Daemon`` / ``daemon(tmp, *flags)``: ``kvstore serve`` as a subprocess on a free loopback port
   (what production runs); the ``daemons`` fixture stops every one a test appended.
-- ``served(tmp, *flags)``: the daemon's own ``kvstore.server.Daemon`` in this process, configured
+- ``served(tmp, *flags)``: the daemon's own ``kvstore.server.daemon.Daemon`` in this process, configured
   from the same flags (``--listen 127.0.0.1:0`` first; ``TIERKV_CACHE_DIR`` is ``tmp``).
 - ``inprocess_daemon()`` / ``stream_daemon()``: the real servicer and TieredStore over gRPC on
   loopback, the store wrapped (``WrappedStore``) so a test can act inside a read or a put
@@ -33,18 +33,18 @@ import numpy as np
 import pytest
 
 from kvstore.block import encode_block
-from kvstore.client import KVStoreClient
-from kvstore.config import StoreConfig, TierConfig, load_config
+from kvstore.client.client import KVStoreClient
+from kvstore.config.store_config import StoreConfig, TierConfig, load_config
 from kvstore.launch import spawn_daemon
-from kvstore.level import LevelOptions
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.server import Daemon as ServedDaemon
-from kvstore.server import grpc_options
-from kvstore.servicer import KVStoreServicer
-from kvstore.shm_sessions import ShmSessions
-from kvstore.stream_server import StreamServer
-from kvstore.tiered_store import TieredStore
+from kvstore.server.daemon import Daemon as ServedDaemon
+from kvstore.server.daemon import grpc_options
+from kvstore.server.servicer import KVStoreServicer
+from kvstore.server.shm_sessions import ShmSessions
+from kvstore.server.stream_server import StreamServer
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tiers.cpu import CpuTier
 
 FLOATS = 16 * 1024  # 64 KiB blocks
@@ -108,7 +108,7 @@ def daemon(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> Iterato
 
 @contextmanager
 def served(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[ServedDaemon]:
-    """``kvstore.server.Daemon`` configured from ``flags`` (after ``--listen 127.0.0.1:0``) and ``env``
+    """``kvstore.server.daemon.Daemon`` configured from ``flags`` (after ``--listen 127.0.0.1:0``) and ``env``
     (over ``TIERKV_CACHE_DIR=tmp``)."""
     d = ServedDaemon(load_config(["--listen", "127.0.0.1:0", *flags], env={"TIERKV_CACHE_DIR": str(tmp), **(env or {})}))
     d.start()

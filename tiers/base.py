@@ -10,7 +10,7 @@ keys at once, which a remote tier answers in one round trip (a Redis pipeline) o
 (S3). Everything else the store does one block at a time.
 
 ``probe`` asks "does the backing server answer?" with the cheapest call the tier has; the store
-uses it at start and to decide when a detached tier may be attached again (kvstore/breaker.py).
+uses it at start and to decide when a detached tier may be attached again (kvstore/store/breaker.py).
 """
 
 from __future__ import annotations

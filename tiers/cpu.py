@@ -18,10 +18,10 @@ the tier still refuses to hold more than its capacity in blocks.
 
 Shared arena (Linux, unless pinned): the arena is a memfd, so a client process on this host can
 map it read-only (``share()``: the fd, size and a random token at its start; the daemon
-publishes them, kvstore/shm.py ArenaMap maps them) and copy a block straight out of it: a Get
+publishes them, kvstore/client/shm.py ArenaMap maps them) and copy a block straight out of it: a Get
 then costs the daemon no copy at all. ``arena_offset(view)`` says where a view handed out by
 ``get`` lies in that file; keeping the view is what pins those bytes for the reader (the
-daemon's lease, kvstore/shm_sessions.py).
+daemon's lease, kvstore/server/shm_sessions.py).
 
 Page size: a copy out of 4 KiB pages runs 15-20% slower than out of 2 MiB ones (TLB misses; measured
 by bench.tiers on a 2-core VM). A private arena gets transparent huge pages like any large numpy

@@ -24,7 +24,7 @@ LAYOUT = "L2THD"
 
 class DaemonChunkStore:
     def __init__(self, client, local: InProcessChunkStore | None = None) -> None:
-        self.client = client  # kvstore.client.KVStoreClient (or anything with put/get_blocks/lookup)
+        self.client = client  # kvstore.client.client.KVStoreClient (or anything with put/get_blocks/lookup)
         self.local = local
         self.errors = 0
 

@@ -10,7 +10,7 @@ key                    default    meaning
 =====================  =========  =============================================================
 kvstore                (required) the daemon's gRPC address, HOST:PORT
 token_file             ""         the daemon's bearer-token file ("" = TIERKV_TOKEN /
-                                  TIERKV_TOKEN_FILE / the default token file, kvstore/auth.py)
+                                  TIERKV_TOKEN_FILE / the default token file, kvstore/server/auth.py)
 tls_ca                 ""         CA of the daemon's TLS certificate ("" = TIERKV_TLS_CA or none)
 lookup_deadline_s      0.25       one Lookup on the scheduler's path; past it: recompute
 load_deadline_s        10.0       the most one request's load may take (then: recompute the rest)

@@ -29,9 +29,9 @@ from connector.vllm.meta import TierKVMetadata
 from connector.vllm.planner import Planner, Scheduled
 from connector.vllm.stats import TierKVPromMetrics, TierKVStats
 from connector.vllm.worker import BlockLayout, Worker
-from kvstore.auth import ClientAuth
-from kvstore.client import KVStoreClient
-from kvstore.retry import Retry
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import Retry
+from kvstore.server.auth import ClientAuth
 
 if TYPE_CHECKING:
     import torch

@@ -171,7 +171,7 @@ class KVStoreServicer:
 
     def TraceStart(self, request, context):
         """Record every access (key hash, size, op, tier, time) into a bounded ring until TraceStop,
-        which writes it to a file on the daemon's host (format: kvstore/trace.py).
+        which writes it to a file on the daemon's host (format: kvstore/ops/trace.py).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

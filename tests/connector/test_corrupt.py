@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.server import Daemon
+from kvstore.server.daemon import Daemon
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
 from tests.fixtures_kvstore import connect, served

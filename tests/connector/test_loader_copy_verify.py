@@ -13,8 +13,8 @@ import torch
 from connector.loader import Loader, _PageCopier
 from engine.kv_pool import KVPool
 from kvstore.block import BlockHeader, encode_block
+from kvstore.client.retry import Retry
 from kvstore.keys import BlockKey
-from kvstore.retry import Retry
 from tests.fixtures_kvstore import WAIT_S, Gate, connect, inprocess_daemon
 
 PAGES = 4

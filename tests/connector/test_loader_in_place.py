@@ -19,10 +19,10 @@ import torch
 from connector.loader import Loader
 from engine.kv_pool import KVPool
 from kvstore.block import encode_block
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import Retry
 from kvstore.keys import BlockKey
-from kvstore.retry import Retry
-from kvstore.store_types import InPlace
+from kvstore.store.results import InPlace
 from tests.fixtures_kvstore import WAIT_S, connect, inprocess_daemon
 
 PAGES = 4

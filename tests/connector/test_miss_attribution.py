@@ -16,7 +16,7 @@ import pytest
 
 from connector.attribution import DaemonView, attribute
 from engine.request import PageOutcome, PromptUsage, Request
-from kvstore.server import Daemon
+from kvstore.server.daemon import Daemon
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
 from tests.fixtures_kvstore import connect, served
@@ -193,7 +193,7 @@ def test_accounting_that_does_not_add_up_is_dropped_not_raised() -> None:
 
 
 def test_ghost_lists_are_bounded_and_name_the_last_tier() -> None:
-    from kvstore.ghosts import Ghosts
+    from kvstore.store.miss_reasons import Ghosts
 
     g = Ghosts(["cpu", "disk"], per_tier=3)
     for i in range(5):

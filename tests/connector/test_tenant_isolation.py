@@ -25,7 +25,7 @@ from connector.blend.daemon_store import DaemonChunkStore
 from connector.wiring import attach_cacheblend
 from engine.sampling import SamplingParams
 from kvstore.keys import TENANT_MAGIC, tenant_tag
-from kvstore.tenants import name_of_salt
+from kvstore.store.tenants import name_of_salt
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
 from tests.fixtures_kvstore import connect, daemon

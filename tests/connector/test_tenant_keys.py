@@ -23,7 +23,7 @@ from kvstore.keys import (
     chain_keys,
     tenant_tag,
 )
-from kvstore.tenants import SHARED, name_of_salt, tenant_of
+from kvstore.store.tenants import SHARED, name_of_salt, tenant_of
 
 PS = 4
 SYSTEM = list(range(100, 112))  # 3 pages, declared shared

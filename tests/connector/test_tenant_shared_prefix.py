@@ -13,7 +13,7 @@ import pytest
 
 from engine.engine import LLMEngine
 from engine.model_loader import hf_model_dir, load_model
-from kvstore.tenants import SHARED, name_of_salt
+from kvstore.store.tenants import SHARED, name_of_salt
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
 from tests.fixtures_kvstore import connect, daemon

@@ -58,9 +58,9 @@ def series(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
     from connector.metrics import ConnectorMetrics
     from engine.metrics import EngineMetrics
     from kvstore.block import encode_block
-    from kvstore.config import load_config
-    from kvstore.metrics import StoreMetrics
-    from kvstore.server import Daemon
+    from kvstore.config.store_config import load_config
+    from kvstore.server.daemon import Daemon
+    from kvstore.server.metrics import StoreMetrics
 
     tmp = tmp_path_factory.mktemp("grafana")
     cfg = load_config(["--cpu", "1Mi", "--disk", f"{tmp}/disk:64Mi", "--listen", "127.0.0.1:0",

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 
 from kvstore.block import encode_block
-from kvstore.client import KVStoreClient
-from kvstore.store_types import TierStats
+from kvstore.client.client import KVStoreClient
+from kvstore.store.results import TierStats
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

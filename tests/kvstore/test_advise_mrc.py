@@ -1,4 +1,4 @@
-"""Miss-ratio curves (kvstore/mrc.py, kvstore/mrc_chain.py) against brute-force LRU simulations."""
+"""Miss-ratio curves (kvstore/ops/mrc.py, kvstore/ops/mrc_chain.py) against brute-force LRU simulations."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from kvstore.mrc import References, lru_curve, references, stack_distances
-from kvstore.mrc_chain import chain_hits
-from kvstore.trace import MISS, OP_GET, OP_LOOKUP, OP_PUT, RECORD_DTYPE, Trace, TraceTier
+from kvstore.ops.mrc import References, lru_curve, references, stack_distances
+from kvstore.ops.mrc_chain import chain_hits
+from kvstore.ops.trace import MISS, RECORD_DTYPE, Trace, TraceTier
+from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT
 
 
 def brute_lru(keys: list[int], sizes: list[int], demand: list[bool], capacity: int) -> float:

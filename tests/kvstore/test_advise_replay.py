@@ -10,11 +10,12 @@ import pytest
 
 from bench.advise import figures
 from bench.advise_workloads import chat, replay
-from kvstore.advise import CostFigures, advise
 from kvstore.cli import main
-from kvstore.mrc import lru_curve, references
-from kvstore.mrc_chain import chain_hits
-from kvstore.trace import OP_LOOKUP, TraceError, TraceRecorder, read_trace, write_trace
+from kvstore.ops.advise import CostFigures, advise
+from kvstore.ops.mrc import lru_curve, references
+from kvstore.ops.mrc_chain import chain_hits
+from kvstore.ops.trace import TraceError, TraceRecorder, read_trace, write_trace
+from kvstore.store.observers import OP_LOOKUP
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvstore import stream_wire as w
-from kvstore.auth import AuthError, ClientAuth, default_token_file
 from kvstore.cli import main as cli_main
-from kvstore.client import KVStoreClient
-from kvstore.config import StoreConfig, TierConfig, load_config
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import Retry
+from kvstore.config.store_config import StoreConfig, TierConfig, load_config
 from kvstore.launch import running_daemon
 from kvstore.proto import kvstore_pb2
-from kvstore.retry import Retry
-from kvstore.server import Daemon
+from kvstore.server import stream_wire as w
+from kvstore.server.auth import AuthError, ClientAuth, default_token_file
+from kvstore.server.daemon import Daemon
 from tests.fixtures_kvstore import connect
 from tests.kvstore.support import KEY, TOKEN, WRONG, auth_block
 from tiers.errors import ConfigError

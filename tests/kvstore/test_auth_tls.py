@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.auth import AuthError, ClientAuth
 from kvstore.cli import main as cli_main
-from kvstore.client import KVStoreClient
-from kvstore.config import StoreConfig, TierConfig
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import Retry
+from kvstore.config.store_config import StoreConfig, TierConfig
 from kvstore.errors import KVStoreUnavailable
-from kvstore.retry import Retry
-from kvstore.server import Daemon
+from kvstore.server.auth import AuthError, ClientAuth
+from kvstore.server.daemon import Daemon
 from tests.fixtures_kvstore import connect
 from tests.kvstore.support import KEY, TOKEN, auth_block
 

@@ -10,13 +10,13 @@ import grpc
 import numpy as np
 import pytest
 
-from kvstore.auth import ClientAuth
 from kvstore.block import encode_block
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
+from kvstore.client.shm import HEADER_BYTES
 from kvstore.errors import ChecksumError, InvalidRequest, ResourceExhausted
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.shm import HEADER_BYTES
+from kvstore.server.auth import ClientAuth
 from tests.fixtures_kvstore import Daemon, connect
 
 GOOD_KEY = b"good-key-0000001"

@@ -17,11 +17,11 @@ import redis
 
 from bench.servers import RedisServer
 from kvstore.block import encode_block
-from kvstore.breaker import Breaker, BreakerPolicy
-from kvstore.config import StoreConfig, TierConfig
-from kvstore.level import LevelOptions
-from kvstore.tier_factory import build_store
-from kvstore.tiered_store import TieredStore
+from kvstore.config.store_config import StoreConfig, TierConfig
+from kvstore.store.breaker import Breaker, BreakerPolicy
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tier_factory import build_store
+from kvstore.store.tiered_store import TieredStore
 from tests.kvstore.faults_support import wait_for
 from tiers.cpu import CpuTier
 from tiers.errors import TierAuthError

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvstore.cli import main
-from kvstore.config import StoreConfig, TierConfig, load_config
+from kvstore.config.store_config import StoreConfig, TierConfig, load_config
 from kvstore.launch import running_daemon
-from kvstore.server import Daemon
+from kvstore.server.daemon import Daemon
 from tests.fixtures_kvstore import connect
 from tiers.errors import ConfigError
 
@@ -183,7 +183,7 @@ def test_version_and_help_show_defaults_and_env(capsys: pytest.CaptureFixture[st
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 127.0.0.1:50551; env TIERKV_LISTEN)" in text and "(default: 60; env TIERKV_STATS_INTERVAL_S)" in text
-    from kvstore.options import OPTIONS
+    from kvstore.config.flags import OPTIONS
 
     for o in OPTIONS:
         assert f"env {o.env})" in text, o.flag

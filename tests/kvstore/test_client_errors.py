@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from bench.servers import free_port
+from kvstore.client.retry import ExponentialBackoff, Retry
 from kvstore.errors import InvalidRequest, KVStoreError, KVStoreTimeout, KVStoreUnavailable
-from kvstore.retry import ExponentialBackoff, Retry
 from tests.fixtures_kvstore import Gate, block, connect, inprocess_daemon
 
 FAST = Retry(attempts=3, backoff=ExponentialBackoff(base_s=0.01, cap_s=0.01, jitter=False))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvstore.config import StoreConfig, TierConfig, load_config, parse_size
+from kvstore.config.sizes import parse_size
+from kvstore.config.store_config import StoreConfig, TierConfig, load_config
 from tiers.errors import ConfigError
 
 
@@ -94,7 +95,7 @@ def test_bad_config_exits_cleanly(tmp_path: Path) -> None:
 
 
 def test_breaker_and_ghost_sizes_reach_the_store(tmp_path) -> None:
-    from kvstore.tier_factory import build_store
+    from kvstore.store.tier_factory import build_store
 
     cfg = load_config(["--cpu", "1Mi"], env={"TIERKV_TIER_DETACH_AFTER": "5", "TIERKV_GHOSTS_PER_TIER": "7"})
     assert (cfg.tier_detach_after, cfg.ghosts_per_tier) == (5, 7)

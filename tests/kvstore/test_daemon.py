@@ -19,9 +19,9 @@ import pytest
 
 from bench.servers import free_port
 from kvstore.block import decode_block, encode_block
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import ExponentialBackoff, Retry
 from kvstore.errors import KVStoreUnavailable
-from kvstore.retry import ExponentialBackoff, Retry
 from tests.fixtures_kvstore import Daemon, connect
 
 BLOCK_FLOATS = 64 * 1024  # 256 KiB of payload

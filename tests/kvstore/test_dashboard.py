@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from kvstore.block import encode_block
-from kvstore.dashboard import MissRatioCurve
-from kvstore.level import LevelOptions
-from kvstore.server import Daemon
-from kvstore.tiered_store import TieredStore
+from kvstore.ops.dashboard import MissRatioCurve
+from kvstore.server.daemon import Daemon
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tests.fixtures_kvstore import connect, served
 from tests.kvstore.dashboard_support import Browser, chromium_path
 from tiers.cpu import CpuTier

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.eviction import ARCPolicy, LRUPolicy, S3FIFOPolicy, make_eviction_policy
+from kvstore.store.eviction import ARCPolicy, LRUPolicy, S3FIFOPolicy, make_eviction_policy
 
 
 def _k(i: int) -> bytes:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import ExponentialBackoff, Retry
 from kvstore.errors import KVStoreError
-from kvstore.level import LevelOptions
-from kvstore.retry import ExponentialBackoff, Retry
-from kvstore.tiered_store import TieredStore
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tests.fixtures_kvstore import Daemon, connect
 from tests.kvstore.faults_support import block, wait_for
 from tiers.cpu import CpuTier

@@ -19,11 +19,11 @@ import redis
 
 from bench.servers import RedisServer, SeaweedS3, free_port, prepare_bucket
 from kvstore import cli
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
 from kvstore.errors import KVStoreTimeout
-from kvstore.health import TIER_SERVICE
-from kvstore.level import LevelOptions
-from kvstore.tiered_store import TieredStore
+from kvstore.server.health import TIER_SERVICE
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tests.fixtures_kvstore import Daemon, connect
 from tests.kvstore.faults_support import block, drained, tier, wait_for
 from tiers.cpu import CpuTier

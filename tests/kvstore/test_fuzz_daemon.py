@@ -13,8 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from bench.soak_fuzz_grpc import HANDLERS, SERVICE, GrpcFuzzer, fuzz_daemon
-from kvstore.auth import ClientAuth
 from kvstore.proto import kvstore_pb2 as pb
+from kvstore.server.auth import ClientAuth
 
 pytestmark = pytest.mark.timeout(300)
 CASES = 150  # per handler: the suite's share; python -m bench.soak_fuzz runs >= 10,000

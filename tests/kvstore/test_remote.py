@@ -14,8 +14,8 @@ import yaml
 
 from bench.servers import RedisServer, S3Endpoint
 from kvstore.block import encode_block
-from kvstore.level import LevelOptions
-from kvstore.tiered_store import TieredStore
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tests.fixtures_kvstore import Daemon, connect
 from tiers.cpu import CpuTier
 from tiers.redis import RedisTier

@@ -14,9 +14,9 @@ import pytest
 
 from bench.servers import free_port
 from kvstore.block import decode_block
+from kvstore.client.retry import ExponentialBackoff, Retry
+from kvstore.client.stream_client import StreamChannel
 from kvstore.errors import KVStoreError, KVStoreTimeout, KVStoreUnavailable
-from kvstore.retry import ExponentialBackoff, Retry
-from kvstore.stream_client import StreamChannel
 from tests.fixtures_kvstore import (
     MIB,
     WAIT_S,
@@ -121,7 +121,7 @@ def test_daemon_killed_mid_reply_is_unavailable(tmp_path: Path, daemons: list[Da
 def test_close_stops_the_accept_thread() -> None:
     """close() must wake the thread blocked in accept(): closing the socket alone does not on
     Linux, and every daemon stop then waited out a 5 s join."""
-    from kvstore.stream_server import StreamServer
+    from kvstore.server.stream_server import StreamServer
 
     srv = StreamServer(store=None, host="127.0.0.1", port=0)  # type: ignore[arg-type]
     srv.start()

@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from kvstore import stream_wire as w
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import Retry
 from kvstore.errors import InvalidRequest, KVStoreError
 from kvstore.proto import kvstore_pb2 as pb
-from kvstore.retry import Retry
-from kvstore.stream_server import MAX_KEYS
+from kvstore.server import stream_wire as w
+from kvstore.server.stream_server import MAX_KEYS
 from tests.fixtures_kvstore import MIB, WAIT_S, StreamDaemon, big_block, connect, stream_daemon
 
 

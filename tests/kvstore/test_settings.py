@@ -1,4 +1,4 @@
-"""kvstore/settings.py: the field-by-field merge (flag > env > YAML > default), one line per bad value
+"""kvstore/config/store_config.py: the field-by-field merge (flag > env > YAML > default), one line per bad value
 naming the field and where it came from, warnings for unknown YAML keys and TIERKV_* variables, and
 the refusals (duplicate YAML tiers, a tier smaller than one block)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvstore.settings import effective_lines, load_settings
+from kvstore.config.store_config import effective_lines, load_settings
 from tiers.errors import ConfigError
 
 
@@ -151,8 +151,8 @@ def test_effective_config_masks_secrets() -> None:
 
 def test_operations_doc_names_every_flag_variable_and_field() -> None:
     """docs/operations.md's configuration reference cannot fall behind the option table and StoreConfig."""
-    from kvstore.options import OPTIONS
-    from kvstore.settings import SCALARS
+    from kvstore.config.flags import OPTIONS
+    from kvstore.config.store_config import SCALARS
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     missing = [o.flag for o in OPTIONS if o.flag not in doc] + [o.env for o in OPTIONS if o.env not in doc]

@@ -1,4 +1,4 @@
-"""Gets answered in place from the daemon's cpu arena (tiers/cpu.py, kvstore/shm_sessions.py):
+"""Gets answered in place from the daemon's cpu arena (tiers/cpu.py, kvstore/server/shm_sessions.py):
 the bytes a client reads there cannot change under it while its lease holds them, leases end
 (released, expired, bounded, dropped with the session), the mapping is read-only and proven by
 its token, blocks held elsewhere still come through the segment, and a client that cannot map
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from kvstore.block import encode_block
+from kvstore.client.retry import Retry
+from kvstore.client.shm import ArenaMap, ShmSegment
 from kvstore.errors import KVStoreError, ShmSessionLost
-from kvstore.level import LevelOptions
 from kvstore.proto import kvstore_pb2 as pb
-from kvstore.retry import Retry
-from kvstore.shm import ArenaMap, ShmSegment
-from kvstore.shm_sessions import ShmSessions
+from kvstore.server.shm_sessions import ShmSessions
+from kvstore.store.tier_bookkeeping import LevelOptions
 from tests.fixtures_kvstore import WAIT_S, block, connect, inprocess_daemon
 from tiers.cpu import ARENA_HEADER, CpuTier
 from tiers.disk import DiskTier
@@ -195,7 +195,7 @@ def test_the_daemon_can_keep_its_arena_private() -> None:
     from dataclasses import replace
 
     with inprocess_daemon() as d:
-        from kvstore.servicer import KVStoreServicer
+        from kvstore.server.servicer import KVStoreServicer
 
         private = KVStoreServicer(d.store, replace(d.servicer.cfg, shm_arena=False), d.sessions)  # type: ignore[arg-type]
         assert private.arena is None and private._arena_info is None

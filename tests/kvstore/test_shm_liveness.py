@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.client.shm import HEADER_BYTES, SHM_DIR, ShmSegment
 from kvstore.errors import ShmSessionLost
-from kvstore.shm import HEADER_BYTES, SHM_DIR, ShmSegment
-from kvstore.shm_sessions import ShmSessions
+from kvstore.server.shm_sessions import ShmSessions
 from tests.fixtures_kvstore import WAIT_S, Daemon, block, connect, inprocess_daemon
 from tiers.errors import ConfigError
 
@@ -23,7 +23,7 @@ SEG = 1 << 20  # client segment data bytes in these tests
 
 CLIENT = """
 import sys, time
-from kvstore.client import KVStoreClient
+from kvstore.client.client import KVStoreClient
 from kvstore.errors import ShmSessionLost
 from tests.fixtures_kvstore import block
 clients = [KVStoreClient(sys.argv[1], use_shm=True, shm_bytes=1 << 20) for _ in range(2)]

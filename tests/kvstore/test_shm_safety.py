@@ -15,10 +15,10 @@ import grpc
 import numpy as np
 import pytest
 
+from kvstore.client.retry import Retry
+from kvstore.client.shm import HEADER_BYTES
 from kvstore.errors import KVStoreTimeout
 from kvstore.proto import kvstore_pb2 as pb
-from kvstore.retry import Retry
-from kvstore.shm import HEADER_BYTES
 from tests.fixtures_kvstore import WAIT_S, Gate, block, connect, inprocess_daemon
 
 PATHS = pytest.mark.parametrize("use_arena", [False, True], ids=["copied", "in-place"])

@@ -1,4 +1,4 @@
-"""Sizes the Kubernetes way (kvstore/sizes.py, and engine/env.py's copy held to the same table):
+"""Sizes the Kubernetes way (kvstore/config/sizes.py, and engine/env.py's copy held to the same table):
 G = 10^9, Gi = 2^30, bare numbers are bytes, and the ambiguous lowercase spellings refused with both
 readings spelled out."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from engine.env import parse_size as engine_parse_size
 from engine.errors import ConfigError as EngineConfigError
-from kvstore.sizes import SizeError, format_size, parse_size
+from kvstore.config.sizes import SizeError, format_size, parse_size
 from tiers.errors import ConfigError
 
 

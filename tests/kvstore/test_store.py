@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from kvstore.block import encode_block
-from kvstore.level import LevelOptions
-from kvstore.tiered_store import TieredStore
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tiers.cpu import CpuTier
 from tiers.disk import DiskTier
 from tiers.errors import BlockTooLarge
@@ -196,7 +196,7 @@ def test_no_hit_count_leak_and_policies(tmp_path: Path) -> None:
 def test_metrics_registry_per_store(tmp_path: Path) -> None:
     from prometheus_client import generate_latest
 
-    from kvstore.metrics import StoreMetrics
+    from kvstore.server.metrics import StoreMetrics
 
     m1, m2 = StoreMetrics(), StoreMetrics()
     s1 = TieredStore([(CpuTier(4 * BLOCK), LevelOptions())], observer=m1)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from kvstore.block import decode_block, encode_block
-from kvstore.level import LevelOptions
-from kvstore.tiered_store import TieredStore
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tiers.cpu import CpuTier
 from tiers.disk import DiskTier
 

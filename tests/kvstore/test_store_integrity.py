@@ -19,9 +19,9 @@ import pytest
 
 from bench.servers import S3Endpoint
 from kvstore.block import encode_block
-from kvstore.level import LevelOptions
-from kvstore.metrics import StoreMetrics
-from kvstore.tiered_store import TieredStore
+from kvstore.server.metrics import StoreMetrics
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tests.fixtures_kvstore import connect
 from tests.fixtures_servers import TEST_BUCKET
 from tiers.base import Tier

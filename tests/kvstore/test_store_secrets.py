@@ -15,9 +15,9 @@ from prometheus_client import generate_latest
 
 from bench.servers import RedisServer, S3Endpoint, free_port
 from kvstore.block import encode_block
-from kvstore.config import load_config
-from kvstore.metrics import StoreMetrics
-from kvstore.tier_factory import build_store
+from kvstore.config.store_config import load_config
+from kvstore.server.metrics import StoreMetrics
+from kvstore.store.tier_factory import build_store
 from tests.fixtures_servers import TEST_BUCKET
 from tiers.errors import TierAuthError, TierUnavailable
 from tiers.redis import RedisTier

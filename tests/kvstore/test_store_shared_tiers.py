@@ -19,8 +19,8 @@ import redis
 
 from bench.servers import S3Endpoint
 from kvstore.block import encode_block
-from kvstore.level import LevelOptions
-from kvstore.tiered_store import TieredStore
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tests.fixtures_servers import TEST_BUCKET
 from tiers.cpu import CpuTier
 from tiers.redis import RedisTier

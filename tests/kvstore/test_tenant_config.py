@@ -19,12 +19,11 @@ import pytest
 from engine.config import EngineConfig
 from kvstore.block import encode_block
 from kvstore.cli import main
-from kvstore.client import KVStoreClient
-from kvstore.config import load_config
+from kvstore.client.client import KVStoreClient
+from kvstore.config.store_config import load_config, load_settings
 from kvstore.keys import Namespace, chain_keys
-from kvstore.server import Daemon
-from kvstore.settings import load_settings
-from kvstore.tenants import name_of_salt
+from kvstore.server.daemon import Daemon
+from kvstore.store.tenants import name_of_salt
 from tests.fixtures_kvstore import connect
 from tiers.errors import ConfigError
 

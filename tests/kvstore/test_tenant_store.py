@@ -11,10 +11,10 @@ import pytest
 
 from kvstore.block import encode_block
 from kvstore.keys import TENANT_MAGIC, Namespace, chain_keys, tenant_tag
-from kvstore.level import LevelOptions
-from kvstore.metrics import METRIC_TENANTS, StoreMetrics
-from kvstore.tenants import DEFAULT, OTHER, SHARED, name_of_salt, tenant_of
-from kvstore.tiered_store import TieredStore
+from kvstore.server.metrics import METRIC_TENANTS, StoreMetrics
+from kvstore.store.tenants import DEFAULT, OTHER, SHARED, name_of_salt, tenant_of
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tiers.cpu import CpuTier
 from tiers.disk import DiskTier
 
@@ -128,7 +128,7 @@ def test_metrics_label_a_bounded_number_of_tenants(tmp_path: Path) -> None:
 
 
 def test_a_level_refuses_a_negative_quota() -> None:
-    from kvstore.level import Level
+    from kvstore.store.tier_bookkeeping import Level
 
     with pytest.raises(ValueError):
         Level(CpuTier(BLOCK), LevelOptions(), quota=-1)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-from kvstore.dashboard import Dashboard
-from kvstore.level import LevelOptions
-from kvstore.mrc import lru_curve, references
-from kvstore.tiered_store import TieredStore
-from kvstore.trace import TraceControl, read_trace
-from kvstore.trace_curves import LatestCurves
+from kvstore.ops.dashboard import Dashboard
+from kvstore.ops.mrc import lru_curve, references
+from kvstore.ops.trace import TraceControl, read_trace
+from kvstore.ops.trace_curves import LatestCurves
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tests.kvstore.support import blk
 from tiers.cpu import CpuTier
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.auth import AuthError, ClientAuth
 from kvstore.block import encode_block
 from kvstore.cli import main
 from kvstore.launch import running_daemon
-from kvstore.trace import MISS, OP_GET, OP_LOOKUP, OP_PUT, key_hash, read_trace
+from kvstore.ops.trace import MISS, key_hash, read_trace
+from kvstore.server.auth import AuthError, ClientAuth
+from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT
 from tests.fixtures_kvstore import connect
 
 

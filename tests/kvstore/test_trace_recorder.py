@@ -1,4 +1,4 @@
-"""The access trace (kvstore/trace.py): what TieredStore records, the ring's bound, the file format."""
+"""The access trace (kvstore/ops/trace.py): what TieredStore records, the ring's bound, the file format."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.level import LevelOptions
-from kvstore.tiered_store import TieredStore
-from kvstore.trace import (
+from kvstore.ops.trace import (
     MAGIC,
     MISS,
-    OP_GET,
-    OP_LOOKUP,
-    OP_PUT,
     TraceControl,
     TraceError,
     TraceRecorder,
@@ -23,6 +18,9 @@ from kvstore.trace import (
     read_trace,
     write_trace,
 )
+from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT
+from kvstore.store.tier_bookkeeping import LevelOptions
+from kvstore.store.tiered_store import TieredStore
 from tests.kvstore.support import blk
 from tiers.cpu import CpuTier
 from tiers.disk import DiskTier

@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 
 import tiers.cpu as cpu
-from kvstore.config import StoreConfig, TierConfig
-from kvstore.metrics import StoreMetrics
-from kvstore.settings import load_settings
-from kvstore.shm import ArenaMap
-from kvstore.tier_factory import build_store
+from kvstore.client.shm import ArenaMap
+from kvstore.config.store_config import StoreConfig, TierConfig, load_settings
+from kvstore.server.metrics import StoreMetrics
+from kvstore.store.tier_factory import build_store
 from tiers.cpu import ARENA_HEADER, HUGE_PAGE, CpuTier
 from tiers.errors import ConfigError
 

@@ -32,8 +32,8 @@ import redis
 
 from bench.servers import RedisServer
 from connector.vllm.launch import VLLMServer, VLLMUnavailable, vllm_python
-from kvstore.auth import ClientAuth
 from kvstore.launch import spawn_daemon, stop_daemon
+from kvstore.server.auth import ClientAuth
 from tests.fixtures_kvstore import connect
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,6 @@
+"""The Python client of the daemon and how its bytes travel.
+
+``client`` (KVStoreClient: deadlines, retries, batching), ``retry`` (backoff), ``transfer`` (one
+batch over shared memory or gRPC streaming), ``stream_client`` (the raw TCP Get channel), ``shm``
+(the shared-memory segment, the client's pool of them and its view of the daemon's arena).
+"""

@@ -1,0 +1,4 @@
+"""The daemon's settings: ``store_config`` defines, loads and validates StoreConfig (defaults < YAML
+< env < flags); ``flags`` is the flag table beside it (each flag with its ``TIERKV_*`` variable);
+``sizes`` reads and writes byte sizes (Kubernetes units).
+"""

@@ -1,0 +1,151 @@
+"""The daemon process: gRPC server + health + metrics around one TieredStore.
+
+A remote tier that is down at start does not stop the daemon: it starts degraded, with that tier
+detached, and attaches it once it answers (kvstore/store/breaker.py; health: kvstore/server/health.py).
+
+Shutdown order on SIGTERM/SIGINT matters: mark health NOT_SERVING (load balancers stop
+routing), stop accepting new calls while in-flight ones get ``grace_s`` to finish, then
+``store.close()`` waits for queued spills to land on disk before tiers are closed — a block
+acknowledged to a client is on its way down and not dropped by the shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvstore.config.store_config import StoreConfig
+from kvstore.ops.dashboard import Dashboard
+from kvstore.ops.stats_log import StatsLogger
+from kvstore.ops.trace_curves import LatestCurves
+from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
+from kvstore.server import auth
+from kvstore.server.health import DaemonHealth
+from kvstore.server.malformed_requests import MalformedRequests
+from kvstore.server.metrics import StoreMetrics
+from kvstore.server.servicer import KVStoreServicer
+from kvstore.server.shm_sessions import ShmSessions
+from kvstore.server.stream_server import StreamServer
+from kvstore.store.tier_factory import build_store
+from tiers.cpu import CpuTier
+from tiers.errors import ConfigError
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
+
+
+def grpc_options(cfg: StoreConfig) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+class Daemon:
+    """Everything one ``kvstore serve`` runs; ``start``/``stop`` for tests and embedding."""
+
+    def __init__(self, cfg: StoreConfig) -> None:
+        self.cfg = cfg
+        self.metrics = StoreMetrics()
+        self.store = build_store(cfg, observer=self.metrics)
+        top = self.store.levels[0].tier
+        if isinstance(top, CpuTier):
+            log.info("cpu tier: %s arena, %s pages", "shared (memfd)" if top.share() else "private", top.page_kind)
+        self.metrics.bind(self.store)
+        self.dashboard = Dashboard(self.store)  # /dashboard on the metrics port; set .curves to show a curve
+        self.metrics.routes.update(self.dashboard.routes())
+        self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
+        try:
+            token, creds = auth.server_token(cfg), auth.server_credentials(cfg)
+        except BaseException:
+            self.store.close(flush=False)
+            raise
+        # under TLS the raw channel (plaintext) would expose what TLS protects: Gets stream over gRPC
+        self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
+                                     max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes)
+                        if cfg.stream and creds is None else None)  # fmt: skip
+        self.health = DaemonHealth(self.store)  # SERVING even with a tier detached (see kvstore/server/health.py)
+        checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []
+        checks.append(MalformedRequests())  # inside the auth check: bytes that are no message -> INVALID_ARGUMENT
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
+                                  interceptors=checks)
+        servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
+        self.dashboard.curves = LatestCurves()  # the last trace's curve on /dashboard
+        servicer.on_trace_written = self.dashboard.curves.update
+        kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if token is None and not cfg.listen.startswith(("127.", "localhost:", "[::1]:")):
+            log.warning("--no-auth on %s: any caller that reaches this port reads and writes the cache", cfg.listen)
+        if creds is None:
+            self.port = self.server.add_insecure_port(cfg.listen)
+        else:
+            self.port = self.server.add_secure_port(cfg.listen, creds)
+        if self.port == 0:
+            if self.streams is not None:
+                self.streams.close()
+            self.store.close(flush=False)
+            raise ConfigError(f"cannot listen on {cfg.listen}")
+        self.metrics_port = 0
+        self.stats_log = StatsLogger(self.store.stats, cfg.stats_interval_s)
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.listen.rpartition(':')[0]}:{self.port}"
+
+    def start(self) -> None:
+        self.server.start()
+        if self.streams is not None:
+            self.streams.start()
+        self.sessions.start()  # reclaims the segments of clients that exited
+        if self.cfg.metrics_listen:
+            host, _, port = self.cfg.metrics_listen.rpartition(":")
+            self.metrics_port = self.metrics.serve(int(port), addr=host.strip("[]"))
+        elif self.cfg.metrics_port:
+            self.metrics_port = self.metrics.serve(self.cfg.metrics_port)
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.stats_log.start()
+
+    def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.stats_log.close()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(self.cfg.grace_s).wait()
+        if self.streams is not None:
+            self.streams.close()
+        self.store.close(flush=True)  # in-flight spills land before tiers close
+        self.sessions.close()
+        self.metrics.close()
+
+
+def serve(cfg: StoreConfig) -> int:
+    """Run the daemon until SIGTERM/SIGINT; prints its address on stdout once serving."""
+    daemon = Daemon(cfg)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    daemon.start()
+    host = cfg.metrics_listen.rpartition(":")[0] if cfg.metrics_listen else "127.0.0.1"
+    extra = f" metrics {host}:{daemon.metrics_port}" if daemon.metrics_port else ""
+    print(f"kvstore listening on {daemon.address}{extra}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    daemon.stop()
+    print("kvstore stopped", flush=True)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,323 @@
+"""gRPC servicer: translates protobuf to plain TieredStore calls and errors to gRPC statuses.
+
+It owns no storage logic. What it does own is the daemon's edge: every size limit and every
+validation happens here, before the store sees a byte. A Put is two-phase: the begin message
+declares every block (key, size, optional dtype/shape), chunks or shared-memory handles bring
+the bytes, and only a commit stores anything — after *every* block in the batch has been
+checked (complete, decodable, checksum, key, dtype/shape). A bad block fails the whole call
+with a clear status and nothing stored.
+
+A shared-memory Get from a client that mapped the cpu tier's arena (AttachShm told it how) is
+answered in place: for a block in that arena the answer is its offset there, and the view that
+pins it goes into a lease of the session until the client releases it (kvstore/server/shm_sessions.py).
+The daemon copies nothing; the client copies each block out and verifies its copy. Blocks from
+anywhere else (lower tiers, the spill queue, heap copies) are copied into the segment as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from kvstore.block import MAX_KEY_LEN, decode_block
+from kvstore.client.transfer import align
+from kvstore.config.store_config import StoreConfig, default_cache_dir
+from kvstore.errors import BlockFormatError, ChecksumError, ResourceExhausted, ShmSessionLost, StoreClosed
+from kvstore.ops.trace import TraceControl, TraceError
+from kvstore.proto import kvstore_pb2 as pb
+from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.server.shm_sessions import Session, ShmSessions
+from kvstore.server.stream_server import MAX_KEYS, StreamServer
+from kvstore.store.tiered_store import TieredStore
+from tiers.cpu import CpuTier
+from tiers.errors import BlockTooLarge
+
+log = logging.getLogger(__name__)
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _check_keys(keys: list[bytes]) -> None:
+    if len(keys) > MAX_KEYS:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} keys in one call (max {MAX_KEYS})")
+    for i, k in enumerate(keys):
+        if not 0 < len(k) <= MAX_KEY_LEN:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"key {i}: length {len(k)} outside 1..{MAX_KEY_LEN}")
+
+
+class KVStoreServicer(pb_grpc.KVStoreServicer):
+    def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions,
+                 streams: StreamServer | None = None) -> None:  # fmt: skip
+        self.store, self.cfg, self.sessions, self.streams = store, config, sessions, streams
+        top = store.levels[0].tier
+        share = top.share() if isinstance(top, CpuTier) and config.shm and config.shm_arena else None
+        self.arena: CpuTier | None = top if share is not None else None  # Gets answered in place
+        self._arena_info = pb.ArenaInfo(pid=os.getpid(), fd=share.fd, size=share.size, token=share.token) \
+            if share is not None else None
+        self.trace = TraceControl(store, default_cache_dir() / "traces")
+        self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
+
+    def _run(self, context: grpc.ServicerContext, fn):  # type: ignore[no-untyped-def]
+        try:
+            return fn()
+        except _Abort as e:
+            context.abort(e.code, e.message)
+        except ShmSessionLost as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except StoreClosed as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except TraceError as e:  # the client raises it as InvalidRequest, with this message
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    # -- unary calls ---------------------------------------------------------------------
+    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
+        def go() -> pb.LookupResponse:
+            keys = list(request.keys)
+            _check_keys(keys)
+            res = self.store.lookup(keys, read=not request.write_check)
+            resp = pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
+                                     evicted_from=[t or "" for t in res.evicted_from])
+            share = self.arena.share() if self.arena is not None and request.in_place else None
+            if share is not None and not request.write_check:
+                spans = self.store.read_in_place(keys[: res.prefix_len], self.arena.locate)  # type: ignore[union-attr]
+                resp.arena_offsets.extend(s[0] if s else 0 for s in spans)
+                resp.arena_lengths.extend(s[1] if s else 0 for s in spans)
+                resp.arena_token = share.token
+            return resp
+
+        return self._run(context, go)
+
+    def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
+        def go() -> pb.DeleteResponse:
+            keys = list(request.keys)
+            _check_keys(keys)
+            return pb.DeleteResponse(deleted=sum(1 for k in keys if self.store.delete(k)))
+
+        return self._run(context, go)
+
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
+        st = self.store.stats()
+        return pb.StatsResponse(
+            tiers=[pb.TierStats(**t._asdict()) for t in st.tiers],
+            pending_blocks=st.pending_blocks,
+            pending_bytes=st.pending_bytes,
+            tenants=[pb.TenantStats(**t._asdict()) for t in st.tenants],
+        )
+
+    def AttachShm(self, request: pb.AttachShmRequest, context: grpc.ServicerContext) -> pb.AttachShmResponse:
+        if not self.cfg.shm:
+            return pb.AttachShmResponse(ok=False, reason="shared memory disabled on this daemon")
+        try:
+            sid = self.sessions.attach(request.name, request.size, request.token, request.pid)
+        except (OSError, ValueError, ResourceExhausted) as e:  # another host, not its segment, or full
+            return pb.AttachShmResponse(ok=False, reason=str(e))
+        return pb.AttachShmResponse(ok=True, session=sid, arena=self._arena_info)
+
+    def DetachShm(self, request: pb.DetachShmRequest, context: grpc.ServicerContext) -> pb.DetachShmResponse:
+        self.sessions.detach(request.session)
+        return pb.DetachShmResponse()
+
+    def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.ServicerContext) -> pb.ReleaseLeaseResponse:
+        self.sessions.release(request.session, request.leases)
+        return pb.ReleaseLeaseResponse()
+
+    def OpenStream(self, request: pb.OpenStreamRequest, context: grpc.ServicerContext) -> pb.OpenStreamResponse:
+        if self.streams is None:
+            return pb.OpenStreamResponse(ok=False, reason="no stream channel on this daemon")
+        token = self.streams.issue()
+        if token is None:
+            return pb.OpenStreamResponse(ok=False, reason=f"stream channel at its limit of {self.streams.max_conns}")
+        return pb.OpenStreamResponse(ok=True, port=self.streams.port, token=token)
+
+    def TraceStart(self, request: pb.TraceStartRequest, context: grpc.ServicerContext) -> pb.TraceStartResponse:
+        return self._run(context, lambda: pb.TraceStartResponse(
+            path=self.trace.start(request.out, request.max_records)))
+
+    def TraceStop(self, request: pb.TraceStopRequest, context: grpc.ServicerContext) -> pb.TraceStopResponse:
+        def go() -> pb.TraceStopResponse:
+            path, records, overwritten = self.trace.stop()
+            if self.on_trace_written is not None:
+                self.on_trace_written(path)
+            return pb.TraceStopResponse(path=path, records=records, overwritten=overwritten)
+
+        return self._run(context, go)
+
+    # -- Put (client-streamed, two-phase) ------------------------------------------------
+    def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
+        return self._run(context, lambda: self._put(request_iterator))
+
+    def _put(self, requests: Iterator[pb.PutRequest]) -> pb.PutResponse:
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        first = next(requests, None)
+        if first is None or first.WhichOneof("kind") != "begin":
+            raise _Abort(bad, "a Put stream must start with a begin message")
+        specs = list(first.begin.blocks)
+        _check_keys([s.key for s in specs])
+        total = 0
+        for i, s in enumerate(specs):
+            if s.size == 0:  # no block is empty: without this check a commit would validate None
+                raise _Abort(bad, f"block {i}: declared size 0")
+            if s.size > min(self.cfg.max_block_bytes, self.store.max_block_bytes):
+                raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"block {i}: {s.size} bytes is over the block limit")
+            total += s.size
+        if total > self.cfg.max_batch_bytes:
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch of {total} bytes is over the limit")
+        held = [t is not None for t in self.store.lookup([s.key for s in specs], read=False).tiers]
+        bufs: list[bytearray | bytes | None] = [None] * len(specs)
+        got = [0] * len(specs)
+        commit = None
+        for msg in requests:
+            kind = msg.WhichOneof("kind")
+            if kind == "chunk":
+                c = msg.chunk
+                if c.index >= len(specs) or c.offset != got[c.index] or c.offset + len(c.data) > specs[c.index].size:
+                    raise _Abort(bad, f"chunk out of order or out of bounds (block {c.index}, offset {c.offset})")
+                got[c.index] += len(c.data)
+                if held[c.index]:
+                    continue
+                if bufs[c.index] is None:
+                    bufs[c.index] = bytearray(specs[c.index].size)
+                bufs[c.index][c.offset : c.offset + len(c.data)] = c.data  # type: ignore[index]
+            elif kind == "commit":
+                commit = msg.commit
+                break
+            else:
+                raise _Abort(bad, f"unexpected {kind} message inside a Put")
+        if commit is None:
+            raise _Abort(grpc.StatusCode.ABORTED, "Put stream ended without commit: nothing stored")
+        if commit.shm:
+            self._copy_out(first.begin.shm_session, commit.shm, specs, held, bufs, got)
+        for i, s in enumerate(specs):
+            if got[i] != s.size:
+                raise _Abort(bad, f"block {i}: received {got[i]} of {s.size} bytes")
+            if not held[i]:
+                self._validate(i, s, bufs[i])  # type: ignore[arg-type]
+        status: list[int] = []
+        for i, s in enumerate(specs):
+            try:
+                stored = not held[i] and self.store.put(s.key, bufs[i])  # type: ignore[arg-type]
+            except BlockTooLarge as e:
+                raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"block {i}: {e}") from None
+            status.append(pb.STORED if stored else pb.ALREADY_PRESENT)
+        return pb.PutResponse(status=status)
+
+    def _copy_out(self, sid: str, refs: list[pb.ShmRef], specs: list[pb.BlockSpec], held: list[bool],
+                  bufs: list[bytearray | bytes | None], got: list[int]) -> None:  # fmt: skip
+        """Copy each block out of the client's segment first: the client can still write there,
+        so what is validated and stored must be our own copy, never the shared bytes."""
+        with self.sessions.use(sid) as sess:
+            seg = sess.seg
+            for ref in refs:
+                if ref.index >= len(specs) or ref.length != specs[ref.index].size:
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"shm handle for block {ref.index} does not match its declared size")
+                try:
+                    seg.check_range(ref.offset, ref.length)
+                except ValueError as e:
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+                if not held[ref.index]:
+                    bufs[ref.index] = bytes(seg.buf[ref.offset : ref.offset + ref.length])
+                got[ref.index] = ref.length
+
+    @staticmethod
+    def _validate(i: int, spec: pb.BlockSpec, buf: bytearray | memoryview) -> None:
+        try:
+            blk = decode_block(buf)
+        except ChecksumError as e:
+            raise _Abort(grpc.StatusCode.DATA_LOSS, f"block {i}: {e}") from None
+        except BlockFormatError as e:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"block {i}: {e}") from None
+        if blk.key != spec.key:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"block {i}: key inside the block differs from its key")
+        if spec.dtype and blk.dtype.str != spec.dtype:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"block {i}: dtype {blk.dtype.str}, expected {spec.dtype}")
+        if spec.shape and tuple(spec.shape) != blk.shape:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"block {i}: shape {blk.shape}, expected {tuple(spec.shape)}")
+
+    # -- Get (server-streamed) -----------------------------------------------------------
+    def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> Iterator[pb.GetResponse]:
+        keys = list(request.keys)
+        try:
+            _check_keys(keys)
+            if request.shm_session:
+                yield self._get_shm(request, keys, context)
+                return
+        except _Abort as e:
+            context.abort(e.code, e.message)
+        except ShmSessionLost as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except StoreClosed as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        step = self.cfg.chunk_bytes
+        for i, k in enumerate(keys):
+            try:
+                data = self.store.get(k)
+            except StoreClosed as e:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            if data is None:
+                yield pb.GetResponse(index=i, found=False)
+                continue
+            for off in range(0, max(len(data), 1), step):
+                yield pb.GetResponse(index=i, found=True, total=len(data), offset=off, data=data[off : off + step])
+
+    def GetShm(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
+        def go() -> pb.GetResponse:
+            keys = list(request.keys)
+            _check_keys(keys)
+            if not request.shm_session:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "GetShm needs a shared-memory session")
+            return self._get_shm(request, keys, context)
+
+        return self._run(context, go)
+
+    def _get_shm(self, request: pb.GetRequest, keys: list[bytes], context: grpc.ServicerContext) -> pb.GetResponse:
+        with self.sessions.use(request.shm_session) as sess:
+            try:
+                sess.seg.check_range(request.shm_offset, request.shm_length)
+            except ValueError as e:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            pins: list[memoryview] = []
+            blocks = self._write_blocks(sess, keys, request.shm_offset, request.shm_offset + request.shm_length,
+                                        context, self.arena if request.arena else None, pins)
+            if pins and not context.is_active():  # the client gave up: nobody reads these in place
+                raise _Abort(grpc.StatusCode.CANCELLED, "the client gave up on this call")
+            return pb.GetResponse(shm=blocks, lease=self.sessions.lease(sess, pins) if pins else 0)
+
+    def _write_blocks(self, sess: Session, keys: list[bytes], pos: int, end: int, context: grpc.ServicerContext,
+                      arena: CpuTier | None, pins: list[memoryview]) -> list[pb.ShmBlock]:  # fmt: skip
+        """Copy each block into [pos, end) of the segment; a block that does not fit is deferred.
+        With ``arena``, a block in it is answered in place instead, its view kept in ``pins``.
+
+        Before each write: a client that gave up (deadline, cancel) no longer reads this segment
+        and a dropped session must not be written to, so the call stops there."""
+        seg = sess.seg
+        out: list[pb.ShmBlock] = []
+        for i, k in enumerate(keys):
+
+            def sink(mv: memoryview, i: int = i) -> pb.ShmBlock:
+                nonlocal pos
+                n = mv.nbytes
+                at = arena.arena_offset(mv) if arena is not None else None
+                if at is not None:  # the view pins these bytes while the lease keeps it
+                    pins.append(mv)
+                    return pb.ShmBlock(index=i, found=True, offset=at, length=n, arena=True)
+                if pos + n > end:
+                    return pb.ShmBlock(index=i, found=True, deferred=True, length=n)
+                if not context.is_active():
+                    raise _Abort(grpc.StatusCode.CANCELLED, "the client gave up on this call")
+                sess.check()
+                seg.buf[pos : pos + n] = mv
+                blk = pb.ShmBlock(index=i, found=True, offset=pos, length=n)
+                pos += align(n)
+                return blk
+
+            res = self.store.read(k, sink)
+            out.append(res if res is not None else pb.ShmBlock(index=i, found=False))
+        return out

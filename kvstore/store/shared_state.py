@@ -1,0 +1,114 @@
+"""StoreState: what the TieredStore's front (client calls) and back (the spill worker) share.
+
+Both halves work on the same levels, under the same lock, with the same map of blocks on their
+way down (``pending``: a block that left a level stays readable from here until it has landed
+in the next one, so it is never missing in between) and the same per-key hit counts (for
+admission). The lock guards this bookkeeping only: bytes are copied outside it (reads pin
+their source instead, see TieredStore._find). Both report tier errors through ``fail``, which
+wakes the prober (kvstore/store/breaker.py) when an error detached a tier.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kvstore.store.breaker import Prober
+from kvstore.store.miss_reasons import Ghosts
+from kvstore.store.observers import NullObserver, Observer
+from kvstore.store.tier_bookkeeping import Level
+from tiers.base import Buffer
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Job:
+    key: bytes
+    value: bytes
+    target: int
+    move: bool  # True: the block left the level above (tracked in ``pending``); False: a copy
+
+
+def frozen_copy(data: Buffer) -> bytes:
+    """An immutable copy (no copy for bytes): queued blocks must not change under us."""
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+class StoreState:
+    """The ordered levels, their lock, blocks in flight, per-key hit counts and recent evictions."""
+
+    def __init__(self, levels: list[Level], observer: Observer | None = None, ghosts_per_tier: int = 16384) -> None:
+        self.levels = levels
+        self.obs: Observer = observer or NullObserver()
+        self.lock = threading.RLock()
+        self.pending: dict[bytes, Job] = {}
+        self.hits: dict[bytes, int] = {}
+        self.ghosts = Ghosts([lv.name for lv in levels], ghosts_per_tier)  # keys each level evicted lately
+        self.prober = Prober(levels, self.lock)
+
+    def guard(self, lv: Level, fn: Callable[[], T]) -> T | None:
+        """Run a tier call; on any error count it (``fail``) and return None."""
+        return self.attempt(lv, fn)[1]
+
+    def attempt(self, lv: Level, fn: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run a tier call: (True, its result), or (False, None) once an error was counted."""
+        try:
+            out = fn()
+        except Exception as e:  # noqa: BLE001 - a tier error must never escape
+            self.fail(lv, e)
+            return False, None
+        self.ok(lv)
+        return True, out
+
+    def fail(self, lv: Level, exc: BaseException) -> None:
+        """Count a tier error; wake the prober if it detached the tier."""
+        with self.lock:
+            detached = lv.fail(exc)
+        if detached:
+            self.prober.wake()
+
+    def ok(self, lv: Level) -> None:
+        """A tier call succeeded: its consecutive-error count starts again."""
+        if lv.breaker.failures:
+            with self.lock:
+                lv.succeeded()
+
+    def first_level(self, key: bytes, start: int = 0) -> int | None:
+        """Index of the first available level >= ``start`` whose index holds ``key``."""
+        for i in range(start, len(self.levels)):
+            if self.levels[i].has(key):
+                return i
+        return None
+
+    def holds(self, key: bytes) -> bool:
+        """Whether some level, or the spill queue, holds ``key`` (caller holds the lock)."""
+        return key in self.pending or self.first_level(key) is not None
+
+    def move_down(self, key: bytes, data: Buffer, target: int) -> list[Job]:
+        """Queue ``key`` to spill into ``target`` (caller holds the lock)."""
+        if target >= len(self.levels):
+            self.levels[-1].counters.dropped += 1
+            self.forget_if_gone(key)
+            return []
+        job = Job(key, frozen_copy(data), target, True)
+        self.pending[key] = job
+        return [job]
+
+    def evicted(self, lv: Level, key: bytes) -> None:
+        """``lv`` pushed ``key`` out (caller holds the lock; the key may live on below)."""
+        lv.counters.evictions += 1
+        self.ghosts.evicted(lv.name, key)
+
+    def hit(self, key: bytes) -> None:
+        self.hits[key] = self.hits.get(key, 0) + 1
+
+    def forget_if_gone(self, key: bytes) -> None:
+        """Drop the hit count of a key no level holds any more (caller holds the lock).
+
+        Without this the counts of every key ever seen would pile up: a slow leak.
+        """
+        if not self.holds(key):
+            self.hits.pop(key, None)

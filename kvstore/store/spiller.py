@@ -1,0 +1,140 @@
+"""The write-back half of the TieredStore: one worker thread landing queued blocks.
+
+Only this thread writes to levels below the top, which keeps each level's capacity accounting
+single-writer: it picks victims, moves them one level down (a new queued job), deletes them,
+and only then writes the new block, so a tier never holds more than its configured bytes.
+Victims stay readable while they move (``Level.leaving``, then ``StoreState.pending``). A level
+that is detached is skipped and counted (the block goes on below); a level whose admission rule
+refuses the block drops it. A level that says it is full (TierFull: a fragmented lmdb map) gets
+victims worth the block evicted and one more try; then the block goes on below. A victim of a
+shared level (Redis, S3) is copied down but not deleted from the shared server: other nodes may
+be reading it, and that server's own policy reclaims it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from kvstore.store.shared_state import Job, StoreState
+from kvstore.store.spill_queue import ByteBoundedQueue
+from kvstore.store.tier_bookkeeping import Level
+from tiers.errors import TierFull
+
+log = logging.getLogger(__name__)
+
+
+class Spiller:
+    def __init__(self, state: StoreState, max_bytes: int) -> None:
+        self._c = state
+        self._queue: ByteBoundedQueue[Job] = ByteBoundedQueue(max_bytes, lambda j: len(j.value))
+        self._thread = threading.Thread(target=self._work, name="tierkv-spill", daemon=True)
+        self._thread.start()
+
+    def submit(self, jobs: list[Job], force: bool = False) -> None:
+        """Queue jobs; blocks while the queue is full unless ``force`` (the worker's own jobs)."""
+        for job in jobs:
+            self._queue.put(job, force=force)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self._queue.join(timeout)
+
+    @property
+    def pending_jobs(self) -> int:
+        return self._queue.unfinished
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._queue.pending_bytes
+
+    def close(self) -> None:
+        self._queue.close()
+        self._thread.join(timeout=30)
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self._land(job)
+            except Exception:  # noqa: BLE001 - the worker must survive anything
+                log.exception("spill of %s failed", job.key.hex()[:16])
+            finally:
+                self._queue.task_done()
+
+    def _still_wanted(self, job: Job) -> bool:
+        return self._c.pending.get(job.key) is job if job.move else self._c.holds(job.key)
+
+    def _land(self, job: Job) -> None:
+        """Write a queued block into its target level (or below, if that level is down)."""
+        size = len(job.value)
+        for i in range(job.target, len(self._c.levels) if job.move else job.target + 1):
+            lv = self._c.levels[i]
+            with self._c.lock:
+                if not self._still_wanted(job):
+                    return
+                if job.key in lv.index:  # already there (inclusive chain): nothing to write
+                    lv.touch(job.key)
+                    break
+                if not lv.available():
+                    lv.counters.skipped_writes += 1
+                    continue
+                if size > lv.capacity:
+                    continue
+                if self._c.hits.get(job.key, 0) < lv.options.admit_min_hits:
+                    lv.counters.dropped += 1
+                    break
+                victims = lv.pick_victims(size)
+            for vkey, _ in victims:
+                self._evict_lower(i, vkey)
+            if not self._write(i, lv, job):
+                continue
+            with self._c.lock:
+                if self._still_wanted(job):
+                    lv.add(job.key, size)
+                    lv.counters.spills += 1
+                    lv.counters.write_bytes += size
+                    if job.move:
+                        self._c.pending.pop(job.key, None)
+                    return
+            self._c.guard(lv, lambda lv=lv: lv.tier.delete(job.key))  # deleted meanwhile
+            return
+        with self._c.lock:  # nowhere to land (admission, or every level below is down)
+            if job.move and self._c.pending.get(job.key) is job:
+                del self._c.pending[job.key]
+                self._c.forget_if_gone(job.key)
+
+    def _write(self, i: int, lv: Level, job: Job) -> bool:
+        """Put the block into level i; a TierFull evicts victims worth it and tries once more."""
+        for again in (False, True):
+            t0 = time.perf_counter()
+            try:
+                lv.tier.put(job.key, job.value)
+            except Exception as e:  # noqa: BLE001 - counted (a TierFull as a refusal), never raised
+                self._c.fail(lv, e)
+                if again or not isinstance(e, TierFull):
+                    return False
+                with self._c.lock:
+                    victims = lv.make_room(len(job.value))
+                for vkey, _ in victims:
+                    self._evict_lower(i, vkey)
+                continue
+            self._c.ok(lv)
+            self._c.obs.write(lv.name, len(job.value), time.perf_counter() - t0)
+            return True
+        return False
+
+    def _evict_lower(self, i: int, vkey: bytes) -> None:
+        """Move a victim of level i (i > 0) one level down; runs on the worker thread."""
+        lv = self._c.levels[i]
+        raw = self._c.guard(lv, lambda: lv.tier.get(vkey))
+        jobs: list[Job] = []
+        with self._c.lock:
+            if lv.remove(vkey) is None:  # deleted meanwhile
+                return
+            self._c.evicted(lv, vkey)
+            if raw is not None and not self._c.holds(vkey):
+                jobs = self._c.move_down(vkey, bytes(raw), i + 1)
+            self._c.forget_if_gone(vkey)
+        if not lv.options.shared:  # a shared server's own policy (maxmemory, TTL) reclaims it
+            self._c.guard(lv, lambda: lv.tier.delete(vkey))
+        self.submit(jobs, force=True)

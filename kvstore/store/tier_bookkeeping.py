@@ -1,0 +1,234 @@
+"""One level of the TieredStore chain: a tier plus the store's bookkeeping for it.
+
+The tier is a dumb byte store; the level owns what the store knows about it: the index
+(key -> size), the bytes it counts as used, the eviction policy, counters, and its circuit
+breaker (kvstore/store/breaker.py): after a few consecutive errors the tier is detached and skipped
+until a background probe finds it answering, so a dead Redis costs a few timeouts, not one per
+request. Not thread-safe: the store holds its lock.
+
+Ownership: a private level (cpu, disk, or a remote tier with ``shared=False``) belongs to this
+store alone: its index is rebuilt from ``scan()`` at start and trimmed to the capacity, and
+eviction deletes. A shared level (Redis, S3 used by several nodes) is never scanned or trimmed:
+its index, used bytes and capacity cover only the blocks this store wrote since it started, and
+evicting one of them only stops tracking it. The shared server enforces the real budget (Redis
+``maxmemory`` + an eviction policy, a key TTL, an S3 lifecycle rule), so one node restarting
+with a small capacity never deletes blocks other nodes wrote.
+
+Tenants (kvstore/store/tenants.py): the level counts bytes and blocks per tenant tag as keys come and go.
+With a ``quota`` (the top level only) a tenant holds at most that many bytes here: a put of a
+tenant at its quota marks that tenant's own least recently used blocks as victims
+(``quota_victims``), so one tenant's flood spills its own blocks, never another tenant's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from kvstore.store.breaker import Breaker
+from kvstore.store.eviction import EvictionPolicy, make_eviction_policy
+from kvstore.store.tenants import TenantUsage, tenant_of
+from tiers.base import Tier
+from tiers.errors import TierFull, TierUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LevelOptions:
+    eviction: str = "lru"  # name of the eviction policy (kvstore/store/eviction.py)
+    write_through: bool = False  # copy every put here at once (shared remote tiers)
+    admit_min_hits: int = 0  # spill here only blocks hit >= N times; others are dropped
+    shared: bool = False  # other nodes use this tier: consult it on index misses; never scan/trim it
+
+
+@dataclass
+class TierCounters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0  # blocks pushed out of this level
+    spills: int = 0  # blocks written into this level from the level above
+    promotions: int = 0  # blocks copied from this level to the top on a hit
+    dropped: int = 0  # blocks refused by admission or falling off the last level
+    errors: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+    detaches: int = 0  # times the breaker detached this tier
+    attaches: int = 0  # times a probe found it answering and attached it again
+    skipped_writes: int = 0  # blocks not written here because the tier was detached
+    refused: int = 0  # writes the tier refused for lack of room (TierFull): evicted, or went on below
+    quota_spills: int = 0  # blocks moved below (or kept out of) this level because their tenant was at its quota
+
+
+@dataclass
+class Level:
+    tier: Tier
+    options: LevelOptions
+    breaker: Breaker = field(default_factory=Breaker)
+    quota: int = 0  # bytes each tenant may hold here (0 = no quota; the top level only)
+    index: dict[bytes, int] = field(default_factory=dict)
+    used: int = 0
+    counters: TierCounters = field(default_factory=TierCounters)
+    leaving: set[bytes] = field(default_factory=set)  # victims being moved out
+    leaving_bytes: int = 0
+    last_error: str = ""
+    eviction: EvictionPolicy = field(init=False)
+    tenants: TenantUsage = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.quota < 0:
+            raise ValueError(f"quota must be >= 0, got {self.quota}")
+        self.eviction = make_eviction_policy(self.options.eviction, self.tier.capacity_bytes)
+        self.tenants = TenantUsage(ordered=self.quota > 0)
+
+    @property
+    def name(self) -> str:
+        return self.tier.name
+
+    @property
+    def capacity(self) -> int:
+        return self.tier.capacity_bytes
+
+    def available(self) -> bool:
+        """Attached: the store uses the tier. Detached: skipped until a probe finds it answering."""
+        return self.breaker.attached
+
+    def has(self, key: bytes) -> bool:
+        return key in self.index and self.available()
+
+    def fail(self, exc: BaseException) -> bool:
+        """Count an error; True when it detached the tier. A TierFull is a refusal, not a failure."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, TierFull):
+            self.counters.refused += 1
+            return False
+        self.counters.errors += 1
+        if not self.breaker.failed():
+            return False
+        self.counters.detaches += 1
+        log.warning("tier %s detached after %d consecutive errors; probing it in the background: %s",
+                    self.name, self.breaker.policy.failures, self.last_error)  # fmt: skip
+        return True
+
+    def succeeded(self) -> None:
+        self.breaker.succeeded()
+
+    def detach(self, exc: BaseException) -> None:
+        """Detach at once (the tier could not be reached at start)."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.counters.errors += 1
+        self.counters.detaches += 1
+        self.breaker.detach()
+        log.warning("tier %s unreachable at start: detached, probing it in the background: %s", self.name,
+                    self.last_error)  # fmt: skip
+
+    def probe_failed(self, exc: BaseException) -> None:
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.breaker.probe_failed()
+
+    def attach(self) -> None:
+        self.breaker.attach()
+        self.counters.attaches += 1
+        log.warning("tier %s answers again: attached", self.name)
+
+    def add(self, key: bytes, size: int) -> None:
+        if key in self.index:
+            self.remove(key)
+        self.index[key] = size
+        self.used += size
+        self.eviction.on_insert(key, size)
+        self.tenants.add(key, size)
+
+    def remove(self, key: bytes) -> int | None:
+        size = self.index.pop(key, None)
+        if size is None:
+            return None
+        self.used -= size
+        self.eviction.on_remove(key)
+        self.tenants.remove(key, size)
+        if key in self.leaving:
+            self.leaving.discard(key)
+            self.leaving_bytes -= size
+        return size
+
+    def touch(self, key: bytes) -> None:
+        self.eviction.on_access(key)
+        self.tenants.touch(key)
+
+    def _mark_leaving(self, key: bytes, vsize: int) -> None:
+        self.eviction.on_remove(key)
+        self.leaving.add(key)
+        self.leaving_bytes += vsize
+
+    def pick_victims(self, size: int) -> list[tuple[bytes, int]]:
+        """Mark victims as leaving until ``size`` more bytes fit. They stay readable meanwhile."""
+        out: list[tuple[bytes, int]] = []
+        while self.used - self.leaving_bytes + size > self.capacity:
+            key = self.eviction.victim()
+            if key is None:
+                break
+            self.eviction.on_remove(key)
+            vsize = self.index.get(key)
+            if vsize is None or key in self.leaving:
+                continue
+            self._mark_leaving(key, vsize)
+            out.append((key, vsize))
+        return out
+
+    def over_quota(self, key: bytes, size: int) -> bool:
+        """Whether a block of ``size`` bytes under ``key`` is larger than its tenant's whole quota."""
+        return 0 < self.quota < size
+
+    def quota_victims(self, key: bytes, size: int) -> list[tuple[bytes, int]]:
+        """Mark ``key``'s tenant's least recently used blocks as leaving until ``size`` more of its
+        bytes fit in its quota (none without a quota). Other tenants' blocks are never picked."""
+        if not self.quota:
+            return []
+        tenant = tenant_of(key)
+        leaving = sum(self.index[k] for k in self.leaving if tenant_of(k) == tenant)
+        excess = self.tenants.used(tenant) - leaving + size - self.quota
+        out: list[tuple[bytes, int]] = []
+        if excess <= 0:
+            return out
+        for vkey, vsize in self.tenants.oldest(tenant):  # marking leaving does not reorder it
+            if vkey in self.leaving or vkey == key:
+                continue
+            self._mark_leaving(vkey, vsize)
+            out.append((vkey, vsize))
+            excess -= vsize
+            if excess <= 0:
+                break
+        return out
+
+    def start(self) -> None:
+        """Probe the tier, then index what it holds. Unreachable: start detached (probed later);
+        any other error (refused credentials, a missing bucket) raises: a misconfigured tier stops
+        the daemon instead of being silently skipped."""
+        try:
+            self.tier.probe()
+        except TierUnavailable as e:
+            self.detach(e)
+            return
+        self.rebuild()
+
+    def make_room(self, nbytes: int) -> list[tuple[bytes, int]]:
+        """Mark victims worth ``nbytes`` as leaving, whatever the accounting says: the tier itself
+        said it is full (e.g. a fragmented lmdb map)."""
+        return self.pick_victims(self.capacity - self.used + self.leaving_bytes + nbytes)
+
+    def rebuild(self) -> None:
+        """Index a persistent private tier's contents from ``scan()`` (after a restart, even a SIGKILL)."""
+        if not self.tier.persistent or self.options.shared:
+            return
+        try:
+            for key, size in self.tier.scan():
+                self.add(key, size)
+            for key, _ in self.pick_victims(0):  # the configured size shrank since the last run
+                self.remove(key)
+                self.tier.delete(key)
+                self.counters.evictions += 1
+        except Exception as e:  # noqa: BLE001 - a tier that cannot start is skipped, and counted
+            self.fail(e)
+            return
+        if self.index:
+            log.info("tier %s: found %d blocks (%d bytes) from a previous run", self.name, len(self.index), self.used)

@@ -1,0 +1,433 @@
+"""TieredStore: an ordered chain of tiers with write-back spilling, promotion and admission.
+
+Why this shape:
+- Writes land in the top tier (fast, in memory) so a client's put costs one memcpy. When a
+  level is full its policy picks victims, which move to the next level *asynchronously*
+  through a byte-bounded queue worked by one background thread (write-back). While a block
+  is on its way down it stays readable from the queue (``_pending``), so it is never missing.
+- Only the worker writes to levels below the top, which keeps each level's capacity
+  accounting single-writer: victims are deleted from a tier before a new block is written,
+  so a tier never holds more than its configured bytes.
+- Levels marked ``write_through`` (shared remote tiers such as Redis) also get a copy of
+  every put straight away (queued, not waiting for eviction) so other nodes see it.
+- A hit below the top is promoted (copied) to the top when ``promote_on_hit``; lower copies
+  stay (inclusive), so a later eviction of the promoted copy writes nothing.
+- ``admit_min_hits`` lets a slow level (S3) accept only blocks hit at least N times; other
+  blocks are dropped when they would spill there.
+- ``tenant_quota_bytes``: a tenant at its quota in the top tier has its own least recently used
+  blocks spilled down to make room (counted, ``quota_spills``), never another tenant's; a block
+  larger than the whole quota goes straight to the next level (kvstore/store/tenants.py).
+- A tier that raises is counted; after a few consecutive errors it is detached (kvstore/store/breaker.py):
+  reads fall through to the next level, writes meant for it are skipped (counted) or go on below,
+  and a background probe attaches it again once it answers. A tier unreachable at start begins
+  detached. The store never lets a tier error escape (a misconfigured tier stops it at start).
+- The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
+  tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
+  scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
+- A block read below the top is verified (``block_fault``) before it is served or promoted; a
+  bad one is deleted from that tier, reported to the observer and is a miss there (the top holds
+  only blocks the daemon validated on their way in).
+- ``access`` (None unless a trace runs, kvstore/ops/trace.py) is told of every get, put and lookup
+  key with the index of the level that held it: one ``is None`` test per call when off.
+- Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
+  run a view points into until the view is dropped, queued blocks are immutable, lower tiers
+  return copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from kvstore.block import block_fault
+from kvstore.errors import StoreClosed
+from kvstore.store.breaker import Breaker, BreakerPolicy
+from kvstore.store.miss_reasons import LookupCounts
+from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT, AccessObserver, Observer
+from kvstore.store.results import LookupResult, StoreStats, TenantStats, TierStats
+from kvstore.store.shared_state import Job, StoreState, frozen_copy
+from kvstore.store.spiller import Spiller
+from kvstore.store.tenants import tenant_of
+from kvstore.store.tier_bookkeeping import Level, LevelOptions
+from tiers.base import Buffer, Tier
+from tiers.errors import BlockTooLarge
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+TENANT_ROWS = 1000  # tenants listed per tier by stats() (the rest summed as "_other")
+
+
+class TieredStore:
+    def __init__(
+        self,
+        levels: Sequence[tuple[Tier, LevelOptions]],
+        promote_on_hit: bool = True,
+        spill_queue_bytes: int = 256 * 1024**2,
+        tier_retry_s: float = 2.0,
+        observer: Observer | None = None,
+        ghosts_per_tier: int = 16384,
+        detach_after: int = 3,
+        tenant_quota_bytes: int = 0,
+    ) -> None:
+        """``tier_retry_s``: first probe of a detached tier (backoff to 10x); ``detach_after``:
+        consecutive errors that detach a tier; ``tenant_quota_bytes``: bytes each tenant may hold in
+        the top tier (0 = no quota; kvstore/store/tenants.py)."""
+        if not levels:
+            raise ValueError("TieredStore needs at least one tier")
+        policy = BreakerPolicy.from_retry(tier_retry_s, detach_after)
+        self._state = StoreState([Level(t, o, breaker=Breaker(policy), quota=tenant_quota_bytes if i == 0 else 0)
+                                  for i, (t, o) in enumerate(levels)], observer, ghosts_per_tier)
+        self.levels = self._state.levels
+        self.promote_on_hit = promote_on_hit
+        self._obs = self._state.obs
+        self._lock = self._state.lock
+        self._pending = self._state.pending
+        self._hits = self._state.hits
+        self._closed = False
+        self.access: AccessObserver | None = None  # set while a trace runs (kvstore/ops/trace.py)
+        for lv in self.levels:
+            lv.start()
+        if not all(lv.available() for lv in self.levels):
+            self._state.prober.wake()
+        self._spill = Spiller(self._state, spill_queue_bytes)
+
+    # -- public API --------------------------------------------------------------------
+    def put(self, key: bytes, value: Buffer) -> bool:
+        """Store a block. Returns False (and writes nothing) when the key is already held."""
+        data = value if isinstance(value, bytes | bytearray) else memoryview(value).cast("B")
+        with self._lock:
+            self._check_open()
+            if len(data) > self.max_block_bytes:
+                raise BlockTooLarge(f"block of {len(data)} bytes exceeds every tier")
+            if self._state.holds(key):
+                if (access := self.access) is not None:
+                    job = self._pending.get(key)
+                    access(OP_PUT, key, len(data), job.target - 1 if job else self._state.first_level(key))
+                return False
+            jobs = self._insert_top(key, data)
+            if (access := self.access) is not None:
+                access(OP_PUT, key, len(data), None)
+            for i, lv in enumerate(self.levels[1:], 1):
+                if not lv.options.write_through or key in lv.index:
+                    continue
+                if lv.available():
+                    jobs.append(Job(key, frozen_copy(data), i, False))
+                else:
+                    lv.counters.skipped_writes += 1
+        self._spill.submit(jobs)
+        return True
+
+    def read(self, key: bytes, sink: Callable[[memoryview], T]) -> T | None:
+        """Call ``sink`` with the block's bytes (valid only during the call); None on a miss.
+
+        The top tier's bytes are passed without a copy, which lets the daemon copy a block
+        straight into shared memory. ``sink`` runs without the store lock, so readers copy in
+        parallel; the view stays valid and unchanged during the call even if the block is
+        deleted or evicted meanwhile (its source is pinned).
+        """
+        result: list[T] = []
+        size = 0
+
+        def consume(mv: memoryview) -> None:
+            nonlocal size
+            size = mv.nbytes
+            result.append(sink(mv))
+
+        level = self._find(key, consume)
+        if (access := self.access) is not None:
+            access(OP_GET, key, size, level)
+        return result[0] if level is not None else None
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.read(key, bytes)
+
+    def read_in_place(self, keys: Sequence[bytes], locate: Callable[[bytes], T | None]) -> list[T | None]:
+        """Where the top level holds each key, for a reader that copies the bytes itself (the
+        daemon's cpu arena, which same-host clients map): ``locate(key)`` for each key the top
+        level holds, None for the others, stopping at the first key it cannot locate. Each located
+        key counts as a read of the top level (a hit, its recency, the access trace), as a Get of
+        it would; nothing is pinned, so the reader verifies what it copied."""
+        out: list[T | None] = [None] * len(keys)
+        sizes: list[int] = []
+        with self._lock:
+            self._check_open()
+            top = self.levels[0]
+            for i, k in enumerate(keys):
+                loc = None if k in self._pending or not top.has(k) else \
+                    self._state.guard(top, lambda k=k: locate(k))  # fmt: skip
+                if loc is None:
+                    break
+                out[i] = loc
+                size = top.index[k]
+                sizes.append(size)
+                top.touch(k)
+                top.counters.hits += 1
+                top.counters.read_bytes += size
+                self._state.hit(k)
+        if (access := self.access) is not None:
+            for k, size in zip(keys, sizes, strict=False):  # sizes: the located leading run
+                access(OP_GET, k, size, 0)
+        return out
+
+    @property
+    def max_block_bytes(self) -> int:
+        """The largest block any level can hold; larger puts raise BlockTooLarge."""
+        return max(lv.capacity for lv in self.levels)
+
+    def lookup(self, keys: Sequence[bytes], read: bool = True) -> LookupResult:
+        """How many leading keys are present (contiguously), the tier holding each key, and for an
+        absent key the tier that evicted it lately (kvstore/store/miss_reasons.py). ``read``: a reader's lookup,
+        counted in ``lookup_counts`` and the access trace (a writer checking what is held passes
+        False)."""
+        names: list[str | None] = []
+        with self._lock:
+            self._check_open()
+            for k in keys:
+                job = self._pending.get(k)  # on its way down: report the level it is leaving
+                loc = job.target - 1 if job is not None else self._state.first_level(k)
+                names.append(None if loc is None else self.levels[loc].name)
+                if read and (access := self.access) is not None:
+                    access(OP_LOOKUP, k, 0, loc)
+        for lv in self.levels:
+            missing = [i for i, n in enumerate(names) if n is None]
+            if not missing or not lv.options.shared or not lv.available():
+                continue
+            asked = [keys[i] for i in missing]
+            ok, flags = self._state.attempt(lv, lambda lv=lv, asked=asked: lv.tier.contains_many(asked))
+            if not ok or flags is None:
+                continue
+            for i, f in zip(missing, flags, strict=True):
+                if f:
+                    names[i] = lv.name
+        prefix = next((i for i, n in enumerate(names) if n is None), len(names))
+        with self._lock:
+            evicted = self._state.ghosts.explain(keys, names)
+            if read:
+                self._state.ghosts.count(names, evicted)
+        return LookupResult(prefix, names, evicted)
+
+    def lookup_counts(self) -> LookupCounts:
+        """Keys of read lookups since start: found by tier, evicted lately by tier, absent."""
+        with self._lock:
+            return self._state.ghosts.counts()
+
+    def delete(self, key: bytes) -> bool:
+        found = False
+        lower: list[Level] = []
+        with self._lock:
+            self._check_open()
+            found = self._pending.pop(key, None) is not None
+            self._hits.pop(key, None)
+            self._state.ghosts.forget(key)
+            for i, lv in enumerate(self.levels):
+                if lv.remove(key) is not None:
+                    found = True
+                    if i == 0:
+                        self._state.guard(lv, lambda lv=lv: lv.tier.delete(key))
+                    else:
+                        lower.append(lv)
+                elif i > 0 and lv.options.shared:
+                    lower.append(lv)
+            lower = [lv for lv in lower if lv.available()]  # a detached tier keeps it: content-addressed
+        for lv in lower:
+            found = bool(self._state.guard(lv, lambda lv=lv: lv.tier.delete(key))) or found
+        return found
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every spill and write-through queued so far has landed."""
+        return self._spill.flush(timeout)
+
+    def stats(self, tenant_rows: int = TENANT_ROWS) -> StoreStats:
+        """Per-tier statistics; per tier, its ``tenant_rows`` largest tenants (the rest summed)."""
+        with self._lock:
+            tiers = [TierStats(lv.name, lv.used, lv.capacity, len(lv.index), lv.available(), lv.last_error,
+                               **vars(lv.counters)) for lv in self.levels]  # fmt: skip
+            tenants = [TenantStats(lv.name, *row) for lv in self.levels for row in lv.tenants.rows(tenant_rows)]
+            return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants)
+
+    def close(self, flush: bool = True) -> None:
+        with self._lock:
+            if self._closed:
+                return
+        if flush:
+            self.flush()
+        with self._lock:
+            self._closed = True
+        self._spill.close()
+        self._state.prober.close()
+        for lv in self.levels:
+            try:
+                lv.tier.close()
+            except Exception as e:  # noqa: BLE001
+                log.warning("closing tier %s: %s", lv.name, e)
+
+    def __enter__(self) -> TieredStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("store is closed")
+
+    def _insert_top(self, key: bytes, data: Buffer) -> list[Job]:
+        """Write into level 0, evicting to the spill queue (caller holds the lock)."""
+        top = self.levels[0]
+        if not top.available() or len(data) > top.capacity:
+            return self._state.move_down(key, data, 1)
+        if top.over_quota(key, len(data)):  # larger than its tenant's whole quota: straight below
+            self._quota_spilled(top, key)
+            return self._state.move_down(key, data, 1)
+        jobs: list[Job] = []
+        over = top.quota_victims(key, len(data))  # the tenant's own oldest blocks first
+        for vkey in {k for k, _ in over}:
+            self._quota_spilled(top, vkey)
+        for vkey, _ in over + top.pick_victims(len(data)):
+            t0 = time.perf_counter()
+            try:
+                raw = top.tier.get(vkey)
+                vdata = None if raw is None else bytes(raw)
+                top.tier.delete(vkey)
+            except Exception as e:  # noqa: BLE001
+                self._state.fail(top, e)
+                vdata = None
+            top.remove(vkey)
+            self._state.evicted(top, vkey)
+            if vdata is not None:
+                self._obs.read(top.name, len(vdata), time.perf_counter() - t0)
+                jobs += self._state.move_down(vkey, vdata, 1)
+            self._state.forget_if_gone(vkey)
+        t0 = time.perf_counter()
+        try:
+            top.tier.put(key, data)
+        except Exception as e:  # noqa: BLE001
+            self._state.fail(top, e)
+            return jobs + self._state.move_down(key, data, 1)
+        self._state.ok(top)
+        top.add(key, len(data))
+        top.counters.write_bytes += len(data)
+        self._obs.write(top.name, len(data), time.perf_counter() - t0)
+        return jobs
+
+    @staticmethod
+    def _quota_spilled(top: Level, key: bytes) -> None:
+        top.counters.quota_spills += 1
+        top.tenants.quota_spilled(tenant_of(key))
+
+    def _find(self, key: bytes, consume: Callable[[memoryview], None]) -> int | None:
+        """Read ``key`` from the fastest level holding it (-> that level's index, None on a miss);
+        falls through on tier errors and bad blocks.
+
+        Bookkeeping happens under the lock, ``consume`` runs without it (see the module notes).
+        """
+        start = 0
+        failed: set[int] = set()  # levels that raised during this read: not asked again
+        for _ in range(2 * len(self.levels) + 2):
+            with self._lock:
+                self._check_open()
+                job = self._pending.get(key) if start == 0 else None
+                loc = None if job is not None else self._state.first_level(key, start)
+                if job is not None:  # on its way down: the queued bytes are immutable
+                    self.levels[job.target - 1].counters.hits += 1
+                    self._state.hit(key)
+                elif loc is None:
+                    break
+                elif loc == 0:
+                    top = self.levels[0]
+                    t0 = time.perf_counter()
+                    top_view = self._state.guard(top, lambda top=top: top.tier.get(key))  # pins the bytes
+                    if top_view is None:
+                        start = 1
+                        continue
+                    top.touch(key)
+                    top.counters.hits += 1
+                    top.counters.read_bytes += len(top_view)
+                    self._state.hit(key)
+                    self._obs.read(top.name, len(top_view), time.perf_counter() - t0)
+            if job is not None:
+                consume(memoryview(job.value))
+                return job.target - 1
+            if loc == 0:
+                consume(memoryview(top_view))
+                return 0
+            assert loc is not None
+            lv = self.levels[loc]
+            t0 = time.perf_counter()
+            ok, raw = self._state.attempt(lv, lambda lv=lv: lv.tier.get(key))
+            if not ok:  # a tier error (counted): look below
+                failed.add(loc)
+                start = loc + 1
+                continue
+            if raw is None:  # moved away meanwhile, or lost
+                with self._lock:
+                    if lv.available() and key in lv.index and key not in lv.leaving:
+                        lv.remove(key)  # the tier lost it (e.g. another node deleted it): heal
+                start = 0
+                continue
+            data = bytes(raw)
+            self._obs.read(lv.name, len(data), time.perf_counter() - t0)
+            if not self._intact(lv, key, data):
+                start = loc + 1
+                continue
+            self._after_lower_hit(loc, key, data, from_index=True)
+            consume(memoryview(data))
+            return loc
+        return self._find_shared(key, consume, failed)
+
+    def _find_shared(self, key: bytes, consume: Callable[[memoryview], None], failed: set[int]) -> int | None:
+        """Ask shared levels directly: other nodes may have written the block (the top level too: a
+        daemon whose only tier is a shared one serves what other nodes wrote, as its lookup says)."""
+        for i, lv in enumerate(self.levels):
+            if not lv.options.shared or not lv.available() or i in failed:
+                continue
+            raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
+            if raw is not None and self._intact(lv, key, data := bytes(raw)):
+                self._after_lower_hit(i, key, data, from_index=False)
+                consume(memoryview(data))
+                return i
+        with self._lock:
+            for lv in self.levels:
+                lv.counters.misses += 1
+        return None
+
+    def _intact(self, lv: Level, key: bytes, data: bytes) -> bool:
+        """Verify a block read from a level below the top; delete it from that tier if it is bad.
+
+        A corrupt block is deleted even from a shared tier: it is no use to any node, and left
+        there it would keep answering lookups, so a fresh copy would never be written.
+        """
+        reason = block_fault(data, key)
+        if reason is None:
+            return True
+        log.warning("tier %s: block %s failed verification (%s): deleted", lv.name, key.hex()[:16], reason)
+        with self._lock:
+            lv.remove(key)
+            self._state.forget_if_gone(key)
+        self._state.guard(lv, lambda: lv.tier.delete(key))
+        self._obs.corrupt(lv.name, reason)
+        return False
+
+    def _after_lower_hit(self, loc: int, key: bytes, data: bytes, from_index: bool) -> None:
+        """Count a hit below the top and promote the block (unless deleted meanwhile)."""
+        jobs: list[Job] = []
+        with self._lock:
+            lv = self.levels[loc]
+            lv.touch(key)
+            lv.counters.hits += 1
+            lv.counters.read_bytes += len(data)
+            for upper in self.levels[:loc]:
+                upper.counters.misses += 1
+            self._state.hit(key)
+            now = self._state.first_level(key)
+            deleted_meanwhile = now is None and from_index
+            at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
+            if self.promote_on_hit and loc > 0 and not self._closed and not at_top and not deleted_meanwhile:
+                top = self.levels[0]
+                if len(data) <= top.capacity and top.available() and not top.over_quota(key, len(data)):
+                    lv.counters.promotions += 1
+                    jobs = self._insert_top(key, data)
+        self._spill.submit(jobs)
