@@ -22,6 +22,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
 from typing import TypeVar
 
 import grpc
@@ -258,7 +259,7 @@ class KVStoreClient:
 
     def stats(self) -> StoreStats:
         r = self._call(lambda: self._stub.Stats(pb.StatsRequest(), timeout=self.deadline_s))
-        tiers = [TierStats(**{f: getattr(t, f) for f in TierStats._fields}) for t in r.tiers]
+        tiers = [TierStats(**{f.name: getattr(t, f.name) for f in fields(TierStats)}) for t in r.tiers]
         tenants = [TenantStats(**{f: getattr(t, f) for f in TenantStats._fields}) for t in r.tenants]
         return StoreStats(tiers, r.pending_blocks, r.pending_bytes, tenants)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import fields
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -22,26 +23,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from kvstore.store.results import TierCounters
 from kvstore.store.tiered_store import TieredStore
 from tiers.cpu import CpuTier
 
 _LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
-_COUNTERS = {
-    "hits": "Reads served by this tier",
-    "misses": "Reads that looked in this tier and did not find the block",
-    "evictions": "Blocks pushed out of this tier",
-    "spills": "Blocks written into this tier from the tier above",
-    "promotions": "Blocks copied from this tier to the top tier on a hit",
-    "dropped": "Blocks refused by admission or falling off the last tier",
-    "errors": "Errors raised by this tier (consecutive ones detach it)",
-    "read_bytes": "Bytes read from this tier",
-    "write_bytes": "Bytes written to this tier",
-    "detaches": "Times the circuit breaker detached this tier after consecutive errors",
-    "attaches": "Times a background probe found this tier answering and attached it again",
-    "skipped_writes": "Blocks not written to this tier because it was detached",
-    "refused": "Writes this tier refused for lack of room (lmdb map full): victims evicted, or the block went below",
-    "quota_spills": "Blocks moved below the top tier (or kept out of it) because their tenant was at its quota",
-}
 #: tenants labelled per tier on /metrics (the largest by bytes); the rest are summed under tenant="_other",
 #: so a daemon with thousands of tenants exports at most this many series per tier and metric
 METRIC_TENANTS = 16
@@ -61,7 +47,8 @@ class _StoreCollector(Collector):
                                            "breaker has it detached (skipped, probed in the background)", labels=["tier"]),
         }
         counters = {
-            name: CounterMetricFamily(f"tierkv_tier_{name}", doc, labels=["tier"]) for name, doc in _COUNTERS.items()
+            f.name: CounterMetricFamily(f"tierkv_tier_{f.name}", f.metadata["doc"], labels=["tier"])
+            for f in fields(TierCounters)
         }
         for t in st.tiers:
             for name, fam in gauges.items():

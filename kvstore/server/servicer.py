@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 
 import grpc
 
@@ -105,7 +106,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         st = self.store.stats()
         return pb.StatsResponse(
-            tiers=[pb.TierStats(**t._asdict()) for t in st.tiers],
+            tiers=[pb.TierStats(**asdict(t)) for t in st.tiers],
             pending_blocks=st.pending_blocks,
             pending_bytes=st.pending_bytes,
             tenants=[pb.TenantStats(**t._asdict()) for t in st.tenants],

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 
 class InPlace(NamedTuple):
@@ -22,27 +23,45 @@ class LookupResult(NamedTuple):
     in_place: InPlace | None = None  # asked for (lookup in_place=True) and the daemon has a shared arena
 
 
-class TierStats(NamedTuple):
+def _counter(doc: str) -> Any:
+    return field(default=0, metadata={"doc": doc})
+
+
+@dataclass
+class TierCounters:
+    """What the store counts per tier since start: the one declaration of these counters. A level
+    keeps them (kvstore/store/tier_bookkeeping.py), TierStats carries them, /metrics exports each as
+    ``tierkv_tier_<name>`` with its ``doc`` (kvstore/server/metrics.py); the Stats RPC's TierStats
+    message (kvstore/proto/kvstore.proto) has a field of the same name for each."""
+
+    hits: int = _counter("Reads served by this tier")
+    misses: int = _counter("Reads that looked in this tier and did not find the block")
+    evictions: int = _counter("Blocks pushed out of this tier")
+    spills: int = _counter("Blocks written into this tier from the tier above")
+    promotions: int = _counter("Blocks copied from this tier to the top tier on a hit")
+    dropped: int = _counter("Blocks refused by admission or falling off the last tier")
+    errors: int = _counter("Errors raised by this tier (consecutive ones detach it)")
+    read_bytes: int = _counter("Bytes read from this tier")
+    write_bytes: int = _counter("Bytes written to this tier")
+    detaches: int = _counter("Times the circuit breaker detached this tier after consecutive errors")
+    attaches: int = _counter("Times a background probe found this tier answering and attached it again")
+    skipped_writes: int = _counter("Blocks not written to this tier because it was detached")
+    refused: int = _counter("Writes this tier refused for lack of room (lmdb map full): victims evicted, or the "
+                            "block went below")
+    quota_spills: int = _counter("Blocks moved below the top tier (or kept out of it) because their tenant was at "
+                                 "its quota")
+
+
+@dataclass(kw_only=True)
+class TierStats(TierCounters):
+    """One tier at one moment: its counters, and what it is and holds."""
+
     name: str
     used_bytes: int
     capacity_bytes: int
     blocks: int
     available: bool  # attached (False: detached by its circuit breaker, probed in the background)
     last_error: str
-    hits: int
-    misses: int
-    evictions: int
-    spills: int
-    promotions: int
-    dropped: int
-    errors: int
-    read_bytes: int
-    write_bytes: int
-    detaches: int  # times the circuit breaker detached the tier (kvstore/store/breaker.py)
-    attaches: int  # times a probe attached it again
-    skipped_writes: int  # blocks not written to it while detached
-    refused: int  # writes it refused for lack of room (TierFull)
-    quota_spills: int = 0  # blocks moved below the top tier because their tenant was at its quota
 
 
 class TenantStats(NamedTuple):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from kvstore.store.breaker import Breaker
 from kvstore.store.eviction import EvictionPolicy, make_eviction_policy
+from kvstore.store.results import TierCounters
 from kvstore.store.tenants import TenantUsage, tenant_of
 from tiers.base import Tier
 from tiers.errors import TierFull, TierUnavailable
@@ -40,24 +41,6 @@ class LevelOptions:
     write_through: bool = False  # copy every put here at once (shared remote tiers)
     admit_min_hits: int = 0  # spill here only blocks hit >= N times; others are dropped
     shared: bool = False  # other nodes use this tier: consult it on index misses; never scan/trim it
-
-
-@dataclass
-class TierCounters:
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0  # blocks pushed out of this level
-    spills: int = 0  # blocks written into this level from the level above
-    promotions: int = 0  # blocks copied from this level to the top on a hit
-    dropped: int = 0  # blocks refused by admission or falling off the last level
-    errors: int = 0
-    read_bytes: int = 0
-    write_bytes: int = 0
-    detaches: int = 0  # times the breaker detached this tier
-    attaches: int = 0  # times a probe found it answering and attached it again
-    skipped_writes: int = 0  # blocks not written here because the tier was detached
-    refused: int = 0  # writes the tier refused for lack of room (TierFull): evicted, or went on below
-    quota_spills: int = 0  # blocks moved below (or kept out of) this level because their tenant was at its quota
 
 
 @dataclass

@@ -242,8 +242,9 @@ class TieredStore:
     def stats(self, tenant_rows: int = TENANT_ROWS) -> StoreStats:
         """Per-tier statistics; per tier, its ``tenant_rows`` largest tenants (the rest summed)."""
         with self._lock:
-            tiers = [TierStats(lv.name, lv.used, lv.capacity, len(lv.index), lv.available(), lv.last_error,
-                               **vars(lv.counters)) for lv in self.levels]  # fmt: skip
+            tiers = [TierStats(name=lv.name, used_bytes=lv.used, capacity_bytes=lv.capacity, blocks=len(lv.index),
+                               available=lv.available(), last_error=lv.last_error, **vars(lv.counters))
+                     for lv in self.levels]  # fmt: skip
             tenants = [TenantStats(lv.name, *row) for lv in self.levels for row in lv.tenants.rows(tenant_rows)]
             return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants)
 

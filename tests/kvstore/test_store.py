@@ -216,6 +216,31 @@ def test_metrics_registry_per_store(tmp_path: Path) -> None:
         s2.close()
 
 
+def test_tier_counters_are_declared_once() -> None:
+    """TierCounters is the one declaration: TierStats carries every counter, the Stats RPC's message
+    has a field of each name, and /metrics exports each counter with its doc."""
+    from dataclasses import fields
+
+    from prometheus_client import generate_latest
+
+    from kvstore.proto import kvstore_pb2 as pb
+    from kvstore.server.metrics import StoreMetrics
+    from kvstore.store.results import TierCounters, TierStats
+
+    counters = [f.name for f in fields(TierCounters)]
+    assert set(counters) < {f.name for f in fields(TierStats)} == set(pb.TierStats.DESCRIPTOR.fields_by_name)
+    m = StoreMetrics()
+    store = TieredStore([(CpuTier(4 * BLOCK), LevelOptions())], observer=m)
+    m.bind(store)
+    try:
+        text = generate_latest(m.registry).decode()
+        for f in fields(TierCounters):
+            assert f"# HELP tierkv_tier_{f.name}_total {f.metadata['doc']}" in text
+            assert f'tierkv_tier_{f.name}_total{{tier="cpu"}} 0.0' in text
+    finally:
+        store.close()
+
+
 def test_read_zero_copy_into_a_pool(tmp_path: Path) -> None:
     with _store(tmp_path, cpu_blocks=2) as s:
         for i in range(4):
