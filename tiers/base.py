@@ -17,9 +17,30 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from tiers.cpu import ArenaShare
 
 Buffer = bytes | bytearray | memoryview
 _PROBE_KEY = b"tierkv-probe"
+
+
+class Arena(Protocol):
+    """Memory a tier keeps its blocks in, addressable from outside it (the cpu tier's arena): what
+    the daemon needs to answer reads in place and to say what pages the arena has."""
+
+    #: the arena's pages: "hugetlb", "thp", "4KiB" or "pinned"
+    page_kind: str
+
+    def share(self) -> ArenaShare | None:
+        """How another process on this host maps it; None when it is private (or closed)."""
+
+    def locate(self, key: bytes) -> tuple[int, int] | None:
+        """(offset in the shared arena's file, length) of ``key``'s bytes, None when not in it."""
+
+    def arena_offset(self, view: memoryview) -> int | None:
+        """Offset in the shared arena's file of the bytes ``view`` (from ``get``) shows, or None."""
 
 
 class Tier(ABC):
@@ -55,6 +76,11 @@ class Tier(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def arena(self) -> Arena | None:
+        """The memory this tier keeps blocks in, when it can be addressed from outside the tier
+        (the cpu tier's arena); None for every other tier."""
+        return None
 
     def probe(self) -> None:
         """Raise TierError (TierUnavailable when it cannot be reached) unless the tier answers."""

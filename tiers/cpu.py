@@ -358,6 +358,10 @@ class CpuTier(Tier):
         yield from items
 
     # -- shared arena ---------------------------------------------------------
+    def arena(self) -> CpuTier:
+        """This tier is its own arena (share, locate, arena_offset, page_kind)."""
+        return self
+
     def share(self) -> ArenaShare | None:
         """How to map the arena from another process on this host (None: not shared, or closed)."""
         return self._share

@@ -33,7 +33,6 @@ from kvstore.server.servicer import KVStoreServicer
 from kvstore.server.shm_sessions import ShmSessions
 from kvstore.server.stream_server import StreamServer
 from kvstore.store.tier_factory import build_store
-from tiers.cpu import CpuTier
 from tiers.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -55,8 +54,8 @@ class Daemon:
         self.cfg = cfg
         self.metrics = StoreMetrics()
         self.store = build_store(cfg, observer=self.metrics)
-        top = self.store.levels[0].tier
-        if isinstance(top, CpuTier):
+        top = self.store.arena()
+        if top is not None:
             log.info("cpu tier: %s arena, %s pages", "shared (memfd)" if top.share() else "private", top.page_kind)
         self.metrics.bind(self.store)
         self.dashboard = Dashboard(self.store)  # /dashboard on the metrics port; set .curves to show a curve

@@ -25,7 +25,6 @@ from prometheus_client.registry import Collector
 
 from kvstore.store.results import TierCounters
 from kvstore.store.tiered_store import TieredStore
-from tiers.cpu import CpuTier
 
 _LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 #: tenants labelled per tier on /metrics (the largest by bytes); the rest are summed under tenant="_other",
@@ -67,8 +66,8 @@ class _StoreCollector(Collector):
             t_blocks.add_metric([row.tier, row.tenant], float(row.blocks))
         yield t_bytes
         yield t_blocks
-        top = self._store.levels[0].tier
-        if isinstance(top, CpuTier):
+        top = self._store.arena()
+        if top is not None:
             arena = GaugeMetricFamily("tierkv_cpu_arena_info", "The cpu tier's arena: 1, labelled with its pages "
                                       "(hugetlb, thp, 4KiB, pinned) and whether clients may map it",
                                       labels=["pages", "shared"])

@@ -33,7 +33,7 @@ from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.server.shm_sessions import Session, ShmSessions
 from kvstore.server.stream_server import MAX_KEYS, StreamServer
 from kvstore.store.tiered_store import TieredStore
-from tiers.cpu import CpuTier
+from tiers.base import Arena
 from tiers.errors import BlockTooLarge
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions,
                  streams: StreamServer | None = None) -> None:  # fmt: skip
         self.store, self.cfg, self.sessions, self.streams = store, config, sessions, streams
-        top = store.levels[0].tier
-        share = top.share() if isinstance(top, CpuTier) and config.shm and config.shm_arena else None
-        self.arena: CpuTier | None = top if share is not None else None  # Gets answered in place
+        arena = store.arena() if config.shm and config.shm_arena else None
+        share = arena.share() if arena is not None else None
+        self.arena: Arena | None = arena if share is not None else None  # Gets answered in place
         self._arena_info = pb.ArenaInfo(pid=os.getpid(), fd=share.fd, size=share.size, token=share.token) \
             if share is not None else None
         self.trace = TraceControl(store, default_cache_dir() / "traces")
@@ -292,7 +292,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             return pb.GetResponse(shm=blocks, lease=self.sessions.lease(sess, pins) if pins else 0)
 
     def _write_blocks(self, sess: Session, keys: list[bytes], pos: int, end: int, context: grpc.ServicerContext,
-                      arena: CpuTier | None, pins: list[memoryview]) -> list[pb.ShmBlock]:  # fmt: skip
+                      arena: Arena | None, pins: list[memoryview]) -> list[pb.ShmBlock]:  # fmt: skip
         """Copy each block into [pos, end) of the segment; a block that does not fit is deferred.
         With ``arena``, a block in it is answered in place instead, its view kept in ``pins``.
 

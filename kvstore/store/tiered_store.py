@@ -51,7 +51,7 @@ from kvstore.store.shared_state import Job, StoreState, frozen_copy
 from kvstore.store.spiller import Spiller
 from kvstore.store.tenants import tenant_of
 from kvstore.store.tier_bookkeeping import Level, LevelOptions
-from tiers.base import Buffer, Tier
+from tiers.base import Arena, Buffer, Tier
 from tiers.errors import BlockTooLarge
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,12 @@ class TieredStore:
             for k, size in zip(keys, sizes, strict=False):  # sizes: the located leading run
                 access(OP_GET, k, size, 0)
         return out
+
+    def arena(self) -> Arena | None:
+        """The top tier's arena (tiers/base.py Arena: the cpu tier's memory), None when the top tier
+        keeps none. ``arena().share()`` is None when it is private (``--no-shm-arena``, or no memfd):
+        clients cannot map it, and reads are not answered in place."""
+        return self.levels[0].tier.arena()
 
     @property
     def max_block_bytes(self) -> int:

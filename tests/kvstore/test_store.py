@@ -241,6 +241,19 @@ def test_tier_counters_are_declared_once() -> None:
         store.close()
 
 
+def test_arena_is_the_top_tiers(tmp_path: Path) -> None:
+    """What the servicer, metrics and daemon read the arena through: the cpu tier's when it is on top
+    (shared or private: ``share()`` says which), None when the top tier keeps no arena."""
+    for shared in (None, False):
+        top = CpuTier(4 * BLOCK, pinned=False, shared=shared)
+        with TieredStore([(top, LevelOptions())]) as s:
+            arena = s.arena()
+            assert arena is not None and arena.page_kind == top.page_kind
+            assert (arena.share() is None) == (shared is False or top.share() is None)
+    with TieredStore([(DiskTier(str(tmp_path / "d"), 4 * BLOCK), LevelOptions())]) as s:
+        assert s.arena() is None
+
+
 def test_read_zero_copy_into_a_pool(tmp_path: Path) -> None:
     with _store(tmp_path, cpu_blocks=2) as s:
         for i in range(4):
