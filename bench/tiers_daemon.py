@@ -72,15 +72,36 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def _pool_sink(sizes: list[int]) -> Callable[[int, memoryview], None]:
-    """A sink copying block i into its place in one pre-faulted buffer, as a connector's KV pool."""
+Batch = list[tuple[int, memoryview]]  # what one round of KVStoreClient.read_batches hands its consumer
+
+
+def _pool_sink(sizes: list[int]) -> Callable[[Batch], None]:
+    """A consumer copying block i into its place in one pre-faulted buffer, as a connector's KV pool."""
     pool = np.ones(sum(sizes), dtype=np.uint8)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
 
-    def into_pool(i: int, mv: memoryview) -> None:
-        pool[offsets[i] : offsets[i + 1]] = np.frombuffer(mv, dtype=np.uint8)
+    def into_pool(items: Batch) -> None:
+        for i, mv in items:
+            pool[offsets[i] : offsets[i + 1]] = np.frombuffer(mv, dtype=np.uint8)
 
     return into_pool
+
+
+def _copied(c: Any, keys: list[bytes]) -> list[bytes | None]:
+    """Each block as bytes of its own (None for a miss): the client's read, every view copied out."""
+    out: list[bytes | None] = [None] * len(keys)
+
+    def copy_out(items: Batch) -> None:
+        for i, mv in items:
+            out[i] = bytes(mv)
+
+    c.read_batches(keys, copy_out)
+    return out
+
+
+def _maps_shm() -> bool:
+    """Whether this process maps a client segment (/proc/self/maps): a client in it reads over shared memory."""
+    return "/dev/shm/tierkv-" in Path("/proc/self/maps").read_text()
 
 
 def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> None:
@@ -96,11 +117,13 @@ def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> N
     t: dict[str, list[float]] = {n: [] for n in ("views", "copy", "into", "redis_loop", "redis_pipe", "redis_mget",
                                                  "tcp_get", "tcp_into")}
     with KVStoreClient(address, deadline_s=30.0) as c, KVStoreClient(address, deadline_s=60.0, use_shm=False) as tcp:
-        got = c.get_many(keys)  # warm-up + correctness
+        got = _copied(tcp, tcp_keys)  # warm-up + correctness, the streamed client first:
+        assert [len(g) if g else 0 for g in got] == spec["tcp_sizes"], "daemon (tcp) returned wrong blocks"
+        tcp_shm = _maps_shm()  # ... so that a segment mapped now is its own
+        got = _copied(c, keys)
         assert [len(g) if g else 0 for g in got] == spec["sizes"], "daemon returned wrong blocks"
         assert [len(v or b"") for v in r.mget(rkeys)] == spec["sizes"], "redis returned wrong blocks"
-        got = tcp.get_many(tcp_keys)
-        assert [len(g) if g else 0 for g in got] == spec["tcp_sizes"], "daemon (tcp) returned wrong blocks"
+        shm = _maps_shm()
         del got
         into, tcp_into = _pool_sink(spec["sizes"]), _pool_sink(spec["tcp_sizes"])
 
@@ -111,20 +134,19 @@ def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> N
             return p.execute()
 
         passes: dict[str, Callable[[], object]] = {
-            "copy": lambda: c.get_many(keys, copy=True),
-            "into": lambda: c.read_many(keys, into),
-            "views": lambda: c.get_many(keys),  # the views die with the call's result
+            "copy": lambda: _copied(c, keys),
+            "into": lambda: c.read_batches(keys, into),
+            "views": lambda: c.read_batches(keys, lambda items: None),  # views, valid during the call
             "redis_loop": lambda: [r.get(k) for k in rkeys],
             "redis_pipe": pipelined,
             "redis_mget": lambda: r.mget(rkeys),
-            "tcp_get": lambda: tcp.get_many(tcp_keys),
-            "tcp_into": lambda: tcp.read_many(tcp_keys, tcp_into),
+            "tcp_get": lambda: _copied(tcp, tcp_keys),
+            "tcp_into": lambda: tcp.read_batches(tcp_keys, tcp_into),
         }
         for i in range(rounds):
             names = list(passes) if i % 2 == 0 else list(reversed(passes))  # no side always runs first
             for name in names:
                 t[name].append(_timed(passes[name]))
-        shm, tcp_shm = c.shm_active, tcp.shm_active
     r.close()
     print(json.dumps({"bytes": sum(spec["sizes"]), "tcp_bytes": sum(spec["tcp_sizes"]), "s": t, "shm": shm,
                       "tcp_shm": tcp_shm}))
@@ -136,12 +158,12 @@ def _scaling_client_main(address: str, keys_file: str, rounds: int) -> None:
 
     keys = [bytes.fromhex(k) for k in json.loads(Path(keys_file).read_text())["keys"]]
     with KVStoreClient(address, deadline_s=60.0) as c:
-        nbytes = sum(len(b) for b in c.get_many(keys, copy=True) if b is not None)
+        nbytes = sum(len(b) for b in _copied(c, keys) if b is not None)
         print("ready", flush=True)
         sys.stdin.readline()
         start = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
         for _ in range(rounds):
-            got = c.get_many(keys, copy=True)
+            got = _copied(c, keys)
             del got
         end = time.monotonic()
     print(json.dumps({"bytes": nbytes * rounds, "start": start, "end": end}), flush=True)

@@ -230,7 +230,7 @@ class KVConnector:
         skipped as already held."""
         if corrupt is not None:
             try:
-                self._load_client.delete(corrupt)
+                self._load_client.delete([corrupt])
                 self.metrics.corrupt_deleted.inc()
             except KVStoreError as e:
                 log.warning("could not delete a corrupt block from the daemon (%s)", e)

@@ -13,16 +13,19 @@ Three kinds of daemon, from the most real to the most controllable:
 
 ``connect(target, **options)`` is the one place a test builds a ``KVStoreClient``: ``target`` is
 an address or anything with ``.address`` (each kind of daemon above); the options are the
-client's own, passed through unchanged.
+client's own, passed through unchanged. ``fetch(c, keys)`` / ``fetch_one(c, key)`` read blocks'
+bytes through the client's one read path (``read_batches``); ``each(sink)`` turns a per-block
+``sink(i, view)`` into a ``read_batches`` consumer.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +58,34 @@ MIB = 1024**2
 def connect(target: Any, **options: Any) -> KVStoreClient:
     """A client of ``target`` (an address, or a daemon of any kind here), with the client's own options."""
     return KVStoreClient(target if isinstance(target, str) else target.address, **options)
+
+
+def each(sink: Callable[[int, memoryview], object]) -> Callable[[list[tuple[int, memoryview]]], None]:
+    """A ``read_batches`` consumer that calls ``sink(i, view)`` for each block of a round."""
+
+    def consume(items: list[tuple[int, memoryview]]) -> None:
+        for i, mv in items:
+            sink(i, mv)
+
+    return consume
+
+
+def fetch(c: KVStoreClient, keys: Sequence[bytes]) -> list[bytes | None]:
+    """The blocks' bytes (None for a miss), in the order of ``keys``: ``read_batches``, each view
+    copied out while it is valid."""
+    out: list[bytes | None] = [None] * len(keys)
+    c.read_batches(list(keys), each(lambda i, mv: out.__setitem__(i, bytes(mv))))
+    return out
+
+
+def fetch_one(c: KVStoreClient, key: bytes) -> bytes | None:
+    return fetch(c, [key])[0]
+
+
+def mapped_segments(pid: int) -> int:
+    """How many clients' shared-memory segments process ``pid`` maps (its /proc/PID/maps): the
+    sessions a daemon attached, seen from outside it."""
+    return len(set(re.findall(r"/dev/shm/(tierkv-[0-9a-f]+)", Path(f"/proc/{pid}/maps").read_text())))
 
 
 # -- kvstore serve, a subprocess --------------------------------------------------------------

@@ -123,7 +123,7 @@ class TierKVConnector(KVConnectorBase_V1):
         self.worker = Worker(
             layout,
             read=lambda keys, consume, dl: load.read_batches(keys, consume, deadline_s=dl),
-            delete=load.delete_many,
+            delete=load.delete,
             held=lambda keys: save.lookup(keys, read=False).tiers,
             put=save.put_many,
             counters=self.counters,

@@ -10,23 +10,26 @@ raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's mess
 wrong token AuthError (not retried; credentials: kvstore/server/auth.py ClientAuth); a lost
 shared-memory session (ShmSessionLost) is re-attached and retried here.
 
+One read path per transport: ``read_batches`` (a Get, over shared memory, the raw TCP channel or
+gRPC streaming, whichever this client has) hands each round's blocks to a sink, as views valid only
+during the call; ``get_blocks`` decodes what it read. A ``lookup(in_place=True)`` locates blocks in
+the daemon's cpu arena and ``in_place_views`` reads them there with no Get.
+
 Zero-copy reads (``use_arena=None`` = when the daemon offers it): once attached, the client maps
-the daemon's cpu-tier arena read-only (kvstore/client/shm.py ArenaMap), and ``read_many`` /
-``read_batches`` hand out views of it for blocks held there, pinned by a lease that is released
-(without waiting) once the sink returns. ``get_many`` never uses it: its views outlive the call.
+the daemon's cpu-tier arena read-only (kvstore/client/shm.py ArenaMap), and ``read_batches`` hands
+out views of it for blocks held there, pinned by a lease that is released (without waiting) once
+the sink returns.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from typing import TypeVar
 
 import grpc
-import numpy as np
 
 from kvstore.block import Block, decode_block
 from kvstore.client import transfer
@@ -200,11 +203,6 @@ class KVStoreClient:
         return out
 
     @property
-    def shm_active(self) -> bool:
-        """Whether bulk bytes currently go through shared memory (known after the first call)."""
-        return self._shm.active
-
-    @property
     def arena_active(self) -> bool:
         """Whether reads of cpu-tier blocks are answered in place (known after the first call)."""
         return self._arena is not None and self._shm.enabled
@@ -245,14 +243,7 @@ class KVStoreClient:
                 break
         return views
 
-    def delete(self, key: bytes | Sequence[bytes]) -> bool | int:
-        """Delete one block (-> whether it was present). A sequence of keys is also accepted
-        (-> how many were present), as in earlier versions; prefer ``delete_many`` for that."""
-        if isinstance(key, bytes | bytearray | memoryview):
-            return self.delete_many([bytes(key)]) == 1
-        return self.delete_many(list(key))
-
-    def delete_many(self, keys: Sequence[bytes]) -> int:
+    def delete(self, keys: Sequence[bytes]) -> int:
         """Delete blocks from every tier; returns how many were present."""
         resp = self._call(lambda: self._stub.Delete(pb.DeleteRequest(keys=list(keys)), timeout=self.deadline_s))
         return int(resp.deleted)
@@ -304,49 +295,14 @@ class KVStoreClient:
         if batch:
             yield batch
 
-    def get(self, key: bytes, copy: bool = False) -> Buffer | None:
-        return self.get_many([key], copy=copy)[0]
-
-    def get_many(self, keys: Sequence[bytes], copy: bool = False) -> list[Buffer | None]:
-        """Encoded blocks (None for a miss), in the order of ``keys``.
-
-        On the shared-memory path blocks come back as read-only memoryviews of the segment the
-        daemon wrote (no copy at all); that segment is reused only once every view of the call
-        is gone, so pass ``copy=True`` (bytes) for blocks kept for long. Without shared memory:
-        a writable memoryview per block over a buffer made for it alone, the very buffer the
-        block was received into (no copy).
-        """
-        out: list[Buffer | None] = [None] * len(keys)
-        if not self._shm.enabled:
-            for start in range(0, len(keys), self.batch_keys):
-                chunk = list(keys[start : start + self.batch_keys])
-                self._call(lambda c=chunk, b=start: self._read_owned(c, lambda i, buf: out.__setitem__(b + i, buf)))
-            return out
-        if copy:
-            self.read_many(keys, lambda i, mv: out.__setitem__(i, bytes(mv)))
-            return out
-        todo = list(range(len(keys)))
-        while todo:
-            idx, todo = todo[: self.batch_keys], todo[self.batch_keys :]
-            left = self._call(lambda idx=idx: self._get_leased([keys[i] for i in idx], out, idx))
-            todo = left + todo
-        return out
-
-    def read_many(self, keys: Sequence[bytes], sink: Callable[[int, memoryview], None]) -> list[bool]:
-        """Zero-copy read: ``sink(i, view)`` for each block found, while ``view`` is valid.
-
-        On the shared-memory path ``view`` points into the daemon's cpu arena (read-only) or the
-        segment the daemon wrote, so a connector copies each block once, straight into its KV
-        pool pages. The view must not be kept after ``sink`` returns. Returns, per key, whether
-        it was found.
-        """
-        return self.read_batches(keys, transfer.per_block(sink))
-
     def read_batches(self, keys: Sequence[bytes], consume: transfer.BatchSink,
                      deadline_s: float | None = None) -> list[bool]:  # fmt: skip
-        """``read_many`` a round at a time: ``consume([(i, view), ...])`` with every block one
-        answer brought (all of them, for blocks the daemon serves in place), views valid only
-        during the call. ``deadline_s``: each call's deadline (default: the client's)."""
+        """Zero-copy read: ``consume([(i, view), ...])`` with every block one answer brought (all of
+        them, for blocks the daemon serves in place), a round at a time; returns, per key, whether
+        it was found. On the shared-memory path a view points into the daemon's cpu arena
+        (read-only) or the segment the daemon wrote, so a connector copies each block once,
+        straight into its KV pool pages; views must not be kept after ``consume`` returns.
+        ``deadline_s``: each call's deadline (default: the client's)."""
         timeout = self.deadline_s if deadline_s is None else deadline_s
         found = [False] * len(keys)
         for start in range(0, len(keys), self.batch_keys):
@@ -362,8 +318,16 @@ class KVStoreClient:
         return found
 
     def get_blocks(self, keys: Sequence[bytes], verify: bool = True) -> list[Block | None]:
-        """Decoded blocks; raises ChecksumError if a block was corrupted at rest or in transit."""
-        return [None if b is None else decode_block(b, verify=verify) for b in self.get_many(keys)]
+        """Decoded blocks (None for a miss), in the order of ``keys``, read with ``read_batches``;
+        raises ChecksumError if a block was corrupted at rest or in transit."""
+        raw: list[bytes | None] = [None] * len(keys)
+
+        def keep(items: list[tuple[int, memoryview]]) -> None:
+            for i, mv in items:
+                raw[i] = bytes(mv)
+
+        self.read_batches(keys, keep)
+        return [None if b is None else decode_block(b, verify=verify) for b in raw]
 
     def _read_batch(self, keys: list[bytes], handle: Handle | None, consume: transfer.BatchSink,
                     timeout: float) -> None:  # fmt: skip
@@ -375,36 +339,6 @@ class KVStoreClient:
         arena = self._arena if self._arena_use is not False else None
         transfer.get_shm(self._stub, keys, handle, consume, timeout, arena=arena,
                          release=lambda lease: self._leases.release(handle[1], lease))
-
-    def _read_owned(self, keys: list[bytes], keep: transfer.Sink) -> None:
-        """Without shared memory: ``keep(i, view)`` with a view over a buffer made for block i
-        alone (both paths below allocate one per block), which the caller may keep."""
-        if not self._stream.get(keys, keep, self.deadline_s, fresh=True):
-            transfer.get_streamed(self._stub, keys, keep, self.deadline_s)
-
-    def _get_leased(self, keys: list[bytes], out: list[Buffer | None], idx: list[int]) -> list[int]:
-        """Blocks as read-only views into a segment leased until every view is dropped."""
-        handle = _typed(lambda: self._shm.acquire(lease=True))
-        if handle is None:  # every segment is held by views still alive: copy instead
-            self.read_many(keys, lambda j, mv: out.__setitem__(idx[j], bytes(mv)))
-            return []
-        lease = np.frombuffer(handle[0].buf, dtype=np.uint8)
-        done = weakref.finalize(lease, self._shm.release, handle, True)
-
-        def keep(j: int, mv: memoryview) -> None:
-            out[idx[j]] = mv.toreadonly()
-
-        def view(off: int, n: int) -> memoryview:
-            return memoryview(lease[off : off + n])
-
-        try:
-            left = _typed(lambda: transfer.get_shm(self._stub, keys, handle, transfer.per_block(keep),
-                                                   self.deadline_s, view=view, keep=True))  # fmt: skip
-        except BaseException as e:  # never reused: the daemon may still be writing into it
-            done.detach()
-            self._shm.abandon(handle, leased=True, stale=isinstance(e, ShmSessionLost))
-            raise
-        return [idx[j] for j in left]
 
     def health(self, service: str = "") -> bool:
         return self.health_status(service) == "SERVING"

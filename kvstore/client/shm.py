@@ -149,9 +149,7 @@ Handle = tuple[ShmSegment, str]  # (segment, daemon session id)
 class ShmPool:
     """Client side: segments attached to one daemon, reused across calls.
 
-    A call either borrows a segment for its duration, or *leases* it: a get that returns views
-    into the segment keeps it until the last view is dropped (at most ``max_leases`` at once,
-    so views kept forever cannot pin unbounded memory). ``attach(segment)`` asks the daemon to
+    A call borrows a segment for its duration. ``attach(segment)`` asks the daemon to
     map a new segment and returns the session id, or None when the daemon cannot see it
     (another host, or its shared-memory bound is reached): then the pool disables itself and
     the client streams bytes instead. ``detach(session)`` tells the daemon to drop a session
@@ -163,25 +161,18 @@ class ShmPool:
     """
 
     def __init__(self, size: int, attach: Callable[[ShmSegment], str | None],
-                 detach: Callable[[str], None], max_leases: int = 4) -> None:  # fmt: skip
+                 detach: Callable[[str], None]) -> None:  # fmt: skip
         self.size = size
         self.enabled = True
         self._attach, self._detach = attach, detach
-        self._max_leases = max_leases
-        self._leased = 0
         self._closed = False
         self._free: list[Handle] = []
-        # re-entrant: lease releases run from weakref finalizers, which may fire anywhere
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
 
-    def acquire(self, lease: bool = False) -> Handle | None:
+    def acquire(self) -> Handle | None:
         if not self.enabled:
             return None
         with self._lock:
-            if lease:
-                if self._leased >= self._max_leases:
-                    return None
-                self._leased += 1
             if self._free:
                 return self._free.pop()
         seg: ShmSegment | None = None
@@ -191,7 +182,6 @@ class ShmPool:
         except BaseException:
             if seg is not None:
                 seg.close()
-            self._unlease(lease)
             raise
         finally:
             if seg is not None:
@@ -199,28 +189,20 @@ class ShmPool:
         if sid is None:
             seg.close()
             self.enabled = False
-            self._unlease(lease)
             return None
         return seg, sid
 
-    def _unlease(self, lease: bool) -> None:
-        if lease:
-            with self._lock:
-                self._leased -= 1
-
-    def release(self, handle: Handle, leased: bool = False) -> None:
+    def release(self, handle: Handle) -> None:
         """The call using ``handle`` completed: the daemon is done with it, reuse it."""
         with self._lock:
-            self._unlease(leased)
             if not self._closed:
                 self._free.append(handle)
                 return
         self._drop([handle])
 
-    def abandon(self, handle: Handle, leased: bool = False, stale: bool = False) -> None:
+    def abandon(self, handle: Handle, stale: bool = False) -> None:
         """The call using ``handle`` failed: never reuse it. ``stale``: the daemon lost that
         session (evicted it, or restarted), so the idle ones are dropped too."""
-        self._unlease(leased)
         with self._lock:
             idle, self._free = (self._free, []) if stale else ([], self._free)
         self._drop([handle, *idle])
@@ -231,12 +213,8 @@ class ShmPool:
             self._detach(sid)
 
     def close(self) -> list[Handle]:
-        """Stop reusing segments; returns the idle ones (leased ones are dropped when released)."""
+        """Stop reusing segments; returns the idle ones (one in use is dropped when released)."""
         with self._lock:
             self._closed = True
             out, self._free = self._free, []
         return out
-
-    @property
-    def active(self) -> bool:
-        return self.enabled and (bool(self._free) or self._leased > 0)

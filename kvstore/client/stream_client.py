@@ -16,8 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from kvstore.errors import InvalidRequest, KVStoreError, KVStoreTimeout, KVStoreUnavailable, ResourceExhausted
 from kvstore.server import stream_wire as w
 
@@ -36,10 +34,9 @@ class StreamChannel:
         self._lock = threading.Lock()
         self.enabled = True  # off once the channel's port proved unreachable (e.g. not published)
 
-    def get(self, keys: list[bytes], sink: Sink, timeout: float, fresh: bool = False) -> bool:
-        """``sink(i, view)`` per block found; False when no connection could be had (stream over
-        gRPC instead). ``fresh``: each view is over a new buffer the sink may keep; otherwise
-        over a per-connection buffer reused by the next block."""
+    def get(self, keys: list[bytes], sink: Sink, timeout: float) -> bool:
+        """``sink(i, view)`` per block found, the view over a buffer reused by the next block;
+        False when no connection could be had (stream over gRPC instead)."""
         if not self.enabled:
             return False
         deadline = time.monotonic() + timeout
@@ -49,7 +46,7 @@ class StreamChannel:
         try:
             conn.settimeout(max(deadline - time.monotonic(), 1e-3))
             conn.sendall(w.encode_request(keys))
-            _read_reply(conn, len(keys), sink, deadline, self.max_block_bytes, fresh)
+            _read_reply(conn, len(keys), sink, deadline, self.max_block_bytes)
         except BaseException as e:
             conn.close()  # its reply may be half read: never used again
             typed = _typed(e)
@@ -95,7 +92,7 @@ class StreamChannel:
         return conn
 
 
-def _read_reply(conn: socket.socket, n: int, sink: Sink, deadline: float, max_block: int, fresh: bool) -> None:
+def _read_reply(conn: socket.socket, n: int, sink: Sink, deadline: float, max_block: int) -> None:
     buf = bytearray()
     head = bytearray(w.FRAME.size)
     i = 0
@@ -108,12 +105,9 @@ def _read_reply(conn: socket.socket, n: int, sink: Sink, deadline: float, max_bl
             if kind == w.FOUND:
                 if length > max_block:
                     raise KVStoreError(f"daemon announced a {length}-byte block (client limit {max_block})")
-                if fresh:  # np.empty: no zero-filling of a buffer about to be overwritten
-                    view = memoryview(np.empty(length, dtype=np.uint8)).cast("B")
-                else:
-                    if len(buf) < length:
-                        buf = bytearray(length)
-                    view = memoryview(buf)[:length]
+                if len(buf) < length:
+                    buf = bytearray(length)
+                view = memoryview(buf)[:length]
                 _recv(conn, view, deadline)
                 sink(i, view)
             i += 1

@@ -24,19 +24,9 @@ from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 ALIGN = 64
-#: view(offset, length) -> a memoryview of that range of the segment
-ViewFn = Callable[[int, int], memoryview]
 Sink = Callable[[int, memoryview], None]
 #: consume([(i, view), ...]): the blocks of one round at once, views valid only during the call
 BatchSink = Callable[[list[tuple[int, memoryview]]], None]
-
-
-def per_block(sink: Sink) -> BatchSink:
-    def consume(items: list[tuple[int, memoryview]]) -> None:
-        for i, mv in items:
-            sink(i, mv)
-
-    return consume
 
 
 def align(n: int) -> int:
@@ -98,22 +88,17 @@ def _ask(stub: pb_grpc.KVStoreStub, req: pb.GetRequest, timeout: float) -> pb.Ge
 
 def get_shm(
     stub: pb_grpc.KVStoreStub, keys: list[bytes], handle: Handle, consume: BatchSink, timeout: float,
-    view: ViewFn | None = None, keep: bool = False, arena: ArenaMap | None = None,
-    release: Callable[[int], None] | None = None,
-) -> list[int]:  # fmt: skip
-    """Get through the segment; ``consume`` gets the blocks found, one round at a time.
-
-    ``keep=False``: each round's views are consumed at once, so every round may reuse the whole
-    segment. ``keep=True``: views stay valid after the call, so rounds never overwrite earlier
-    blocks; indices that no longer fit are returned for the caller to fetch elsewhere.
-    ``arena`` (only with ``keep=False``: the daemon's bytes are pinned only until ``release``):
-    blocks the daemon holds there come back as views of it, and each round's lease is released
-    right after its blocks were consumed.
+    arena: ArenaMap | None = None, release: Callable[[int], None] | None = None,
+) -> None:  # fmt: skip
+    """Get through the segment; ``consume`` gets the blocks found, one round at a time. Each
+    round's views are consumed at once, so every round may reuse the whole segment. ``arena``
+    (with ``release``: the daemon's bytes are pinned only until then): blocks the daemon holds
+    there come back as views of it, and each round's lease is released right after its blocks
+    were consumed.
     """
-    if arena is not None and (keep or release is None):
-        raise ValueError("in-place arena reads need keep=False and a release callback")
+    if arena is not None and release is None:
+        raise ValueError("in-place arena reads need a release callback")
     seg, session = handle
-    view = view or (lambda off, n: seg.buf[off : off + n])
     todo = list(range(len(keys)))
     pos = HEADER_BYTES
     while todo:
@@ -136,9 +121,7 @@ def get_shm(
                         raise KVStoreError("daemon answered in its arena, which this call did not map")
                     found.append((i, arena.view(b.offset, b.length)))
                 elif b.found:
-                    found.append((i, view(b.offset, b.length)))
-                    if keep:
-                        pos = max(pos, align(b.offset + b.length))
+                    found.append((i, seg.buf[b.offset : b.offset + b.length]))
             wrote = bool(found)
             if found:
                 consume(found)
@@ -147,11 +130,8 @@ def get_shm(
             if resp.lease and release is not None:
                 release(resp.lease)
         if again and not wrote:
-            if pos == HEADER_BYTES:
-                raise KVStoreError("daemon deferred every block of a shared-memory get")
-            return again  # keep: the segment is full of blocks the caller still holds
+            raise KVStoreError("daemon deferred every block of a shared-memory get")
         todo = again
-    return []
 
 
 class LeaseReleaser:

@@ -107,7 +107,7 @@ def test_bytes_reused_since_the_lookup_are_refused_and_fetched_with_a_get(tiny) 
         found = st.c.lookup(st.keys, in_place=True)
         assert found.in_place is not None
         span = found.in_place.spans[1]
-        st.c.delete(st.keys[1])
+        st.c.delete([st.keys[1]])
         st.c.put_many(others[:1])  # best fit: the freed run of the same size
         assert st.c.lookup([others[0][0]], in_place=True).in_place.spans[0] == span  # type: ignore[union-attr]
         st.c.put_many(st.items[1:2])
@@ -123,7 +123,7 @@ def test_a_block_gone_since_the_lookup_ends_the_load_there(tiny) -> None:
         _, _, others = _items(st.pool, 6, prefix=b"squatter")
         loader = _mapped(st.c, st.pool, st.keys)
         found = st.c.lookup(st.keys, in_place=True)
-        st.c.delete(st.keys[2])
+        st.c.delete([st.keys[2]])
         st.c.put_many(others[:1])
         res = loader.load(st.keys, [1, 2, 3, 4], WAIT_S, in_place=found.in_place)
         assert (res.pages_ok, res.failure) == (2, "missing")

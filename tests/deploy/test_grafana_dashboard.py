@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from tests.fixtures_kvstore import connect
+from tests.fixtures_kvstore import connect, fetch_one
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = json.loads((ROOT / "deploy" / "grafana" / "tierkv.json").read_text())
@@ -72,7 +72,7 @@ def series(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
             for i in range(4):
                 key = f"grafana-key-{i:04d}".encode()
                 assert c.put(key, encode_block(key, np.arange(96 * 1024, dtype="f4"), layout="T"))
-            assert c.get(b"grafana-key-0000") is not None and c.get(b"grafana-absent-1") is None
+            assert fetch_one(c, b"grafana-key-0000") is not None and fetch_one(c, b"grafana-absent-1") is None
         body = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=30).read().decode()
     finally:
         daemon.stop()

@@ -26,7 +26,7 @@ from kvstore.proto import kvstore_pb2
 from kvstore.server import stream_wire as w
 from kvstore.server.auth import AuthError, ClientAuth, default_token_file
 from kvstore.server.daemon import Daemon
-from tests.fixtures_kvstore import connect
+from tests.fixtures_kvstore import connect, fetch_one
 from tests.kvstore.support import KEY, TOKEN, WRONG, auth_block
 from tiers.errors import ConfigError
 
@@ -81,10 +81,10 @@ def test_wrong_token_never_served(daemon: Daemon, use_shm: bool) -> None:
         assert daemon.store.lookup([KEY]).prefix_len == 0
     with _client(daemon, TOKEN, use_shm=use_shm) as good:
         assert good.put(KEY, auth_block())
-        assert good.get(KEY, copy=True) == auth_block()
+        assert fetch_one(good, KEY) == auth_block()
     with _client(daemon, "", use_shm=use_shm) as anon:
         with pytest.raises(AuthError, match="missing bearer token"):
-            anon.get(KEY)
+            fetch_one(anon, KEY)
         with pytest.raises(AuthError):
             anon.stats()
     assert _refused(daemon, "wrong") >= 1 and _refused(daemon, "missing") >= 2
@@ -112,7 +112,7 @@ def test_stream_channel_inherits_auth(daemon: Daemon) -> None:
         good.put(KEY, auth_block())
     with _client(daemon, "", use_shm=False, use_stream=True) as anon:
         with pytest.raises(AuthError):
-            anon.get(KEY)
+            fetch_one(anon, KEY)
     assert not daemon.streams._tokens  # OpenStream never ran: nothing was issued
     with socket.create_connection(("127.0.0.1", daemon.streams.port), timeout=10) as s:
         s.sendall(os.urandom(w.TOKEN_BYTES) + w.encode_request([KEY]))
@@ -124,7 +124,7 @@ def test_stream_channel_inherits_auth(daemon: Daemon) -> None:
             pass
     assert got == b""
     with _client(daemon, TOKEN, use_shm=False, use_stream=True) as good:  # the channel itself works
-        assert good.get(KEY, copy=True) == auth_block()
+        assert fetch_one(good, KEY) == auth_block()
 
 
 def test_metrics_http_is_read_only() -> None:

@@ -16,7 +16,7 @@ from kvstore.config.store_config import StoreConfig, TierConfig
 from kvstore.errors import KVStoreUnavailable
 from kvstore.server.auth import AuthError, ClientAuth
 from kvstore.server.daemon import Daemon
-from tests.fixtures_kvstore import connect
+from tests.fixtures_kvstore import connect, fetch_one
 from tests.kvstore.support import KEY, TOKEN, auth_block
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
@@ -76,7 +76,7 @@ def test_tls_round_trip_and_refusals(tls_daemon: Daemon, pki: Path) -> None:
     good = ClientAuth(TOKEN, str(pki / "ca.pem"), str(pki / "client.pem"), str(pki / "client.key"))
     with _client(tls_daemon, good) as c:
         assert c.put(KEY, auth_block())
-        assert c.get(KEY, copy=True) == auth_block()
+        assert fetch_one(c, KEY) == auth_block()
     with _client(tls_daemon, ClientAuth(TOKEN)) as plain, pytest.raises(KVStoreUnavailable):
         plain.lookup([KEY])  # plaintext to a TLS port
     with _client(tls_daemon, ClientAuth("", good.tls_ca, good.tls_cert, good.tls_key)) as anon:

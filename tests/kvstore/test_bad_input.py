@@ -17,7 +17,7 @@ from kvstore.errors import ChecksumError, InvalidRequest, ResourceExhausted
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.server.auth import ClientAuth
-from tests.fixtures_kvstore import Daemon, connect
+from tests.fixtures_kvstore import Daemon, connect, fetch, fetch_one
 
 GOOD_KEY = b"good-key-0000001"
 
@@ -43,7 +43,7 @@ def client(daemon: Daemon, request: pytest.FixtureRequest) -> Iterator[KVStoreCl
     with connect(daemon, deadline_s=10, use_shm=request.param, chunk_bytes=512 * 1024) as c:
         yield c
     with connect(daemon) as c:  # nothing lost, whatever the test sent
-        assert c.get(GOOD_KEY) == _enc(GOOD_KEY)
+        assert fetch_one(c, GOOD_KEY) == _enc(GOOD_KEY)
 
 
 def _absent(c: KVStoreClient, *keys: bytes) -> None:
@@ -51,9 +51,9 @@ def _absent(c: KVStoreClient, *keys: bytes) -> None:
 
 
 def test_unknown_keys_miss(client: KVStoreClient) -> None:
-    assert client.get_many([b"nope-1", b"nope-2"]) == [None, None]
+    assert fetch(client, [b"nope-1", b"nope-2"]) == [None, None]
     assert client.lookup([b"nope-1", GOOD_KEY]) == (0, [None, "cpu"], [None, None], None)
-    assert client.delete_many([b"nope-1"]) == 0
+    assert client.delete([b"nope-1"]) == 0
 
 
 def test_bad_checksum_rejects_whole_batch(client: KVStoreClient) -> None:
@@ -78,7 +78,7 @@ def test_malformed_and_mismatched_blocks(client: KVStoreClient) -> None:
     with pytest.raises(InvalidRequest, match="shape"):
         client.put_many([(k, _enc(k, n=1000))], shape=(1024,))
     assert client.put_many([(k, _enc(k))], dtype="<f4", shape=(1024,)) == [True]  # matching: stored
-    assert client.delete(k)
+    assert client.delete([k]) == 1
     with pytest.raises(InvalidRequest, match="length"):
         client.lookup([b""])
 
@@ -136,7 +136,7 @@ def test_protocol_violations(daemon: Daemon) -> None:
 def test_bad_shm_range(daemon: Daemon) -> None:
     with connect(daemon, use_shm=True) as c:
         c.lookup([GOOD_KEY])
-        c.get(GOOD_KEY)  # attaches a segment
+        fetch_one(c, GOOD_KEY)  # attaches a segment
         seg, session = c._shm._free[0]
         k = b"shm-range-000001"
         blk = _enc(k)

@@ -14,7 +14,7 @@ from kvstore.cli import main
 from kvstore.config.store_config import StoreConfig, TierConfig, load_config
 from kvstore.launch import running_daemon
 from kvstore.server.daemon import Daemon
-from tests.fixtures_kvstore import connect
+from tests.fixtures_kvstore import connect, fetch_one
 from tiers.errors import ConfigError
 
 
@@ -119,8 +119,8 @@ def test_stats_hit_ratio_json_and_watch(capsys: pytest.CaptureFixture[str]) -> N
         assert not daemon.stats_log.running  # --stats-interval 0: no summary thread
         with connect(daemon, use_shm=False) as c:
             key = b"stats-key-000001"
-            assert c.put(key, _block(key)) and c.get(key) is not None
-            assert c.get(b"absent-key-00001") is None and c.get(b"absent-key-00002") is None
+            assert c.put(key, _block(key)) and fetch_one(c, key) is not None
+            assert fetch_one(c, b"absent-key-00001") is None and fetch_one(c, b"absent-key-00002") is None
         assert main(["stats", "--address", daemon.address, "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert {"version", "address", "time", "tiers", "pending_blocks", "pending_bytes"} <= set(doc)

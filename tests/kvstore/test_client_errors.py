@@ -9,7 +9,7 @@ import pytest
 from bench.servers import free_port
 from kvstore.client.retry import ExponentialBackoff, Retry
 from kvstore.errors import InvalidRequest, KVStoreError, KVStoreTimeout, KVStoreUnavailable
-from tests.fixtures_kvstore import Gate, block, connect, inprocess_daemon
+from tests.fixtures_kvstore import Gate, block, connect, fetch_one, inprocess_daemon
 
 FAST = Retry(attempts=3, backoff=ExponentialBackoff(base_s=0.01, cap_s=0.01, jitter=False))
 
@@ -24,14 +24,14 @@ def test_deadline_is_a_retried_timeout(use_shm: bool) -> None:
         c.deadline_s = 0.3
         try:
             with pytest.raises(KVStoreTimeout) as ei:
-                c.get(k, copy=True)
+                fetch_one(c, k)
         finally:
             gate.release.set()
         assert isinstance(ei.value, KVStoreError) and not isinstance(ei.value, KVStoreUnavailable)
         assert d.store.reads[k] == FAST.attempts  # typed first, then retried as a timeout
         d.store.on_read = None
         c.deadline_s = 10
-        assert c.get(k, copy=True) == v
+        assert fetch_one(c, k) == v
 
 
 def test_unreachable_is_unavailable() -> None:

@@ -21,7 +21,7 @@ from kvstore.ops.dashboard import MissRatioCurve
 from kvstore.server.daemon import Daemon
 from kvstore.store.tier_bookkeeping import LevelOptions
 from kvstore.store.tiered_store import TieredStore
-from tests.fixtures_kvstore import connect, served
+from tests.fixtures_kvstore import connect, fetch, served
 from tests.kvstore.dashboard_support import Browser, chromium_path
 from tiers.cpu import CpuTier
 
@@ -54,7 +54,7 @@ def traffic(d: Daemon, first: int, n: int) -> None:
         c.put_many(items)
         assert d.store.flush(60)
         keys = [k for k, _ in items]
-        c.get_many(keys[::-1])
+        fetch(c, keys[::-1])
         older = [_block(i)[0] for i in range(min(first, 4))]  # the first blocks: fallen off disk by now
         c.lookup(older + keys + [_block(10_000 + first)[0]])
 

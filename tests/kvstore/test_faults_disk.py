@@ -19,7 +19,7 @@ from kvstore.client.retry import ExponentialBackoff, Retry
 from kvstore.errors import KVStoreError
 from kvstore.store.tier_bookkeeping import LevelOptions
 from kvstore.store.tiered_store import TieredStore
-from tests.fixtures_kvstore import Daemon, connect
+from tests.fixtures_kvstore import Daemon, connect, fetch, fetch_one
 from tests.kvstore.faults_support import block, wait_for
 from tiers.cpu import CpuTier
 from tiers.disk import DiskTier
@@ -65,7 +65,7 @@ def _reader(c: KVStoreClient, keys: list[bytes], want: list[bytes], rounds: list
             errors: list[object]) -> None:  # fmt: skip
     while True:
         try:
-            got = c.get_many(keys)
+            got = fetch(c, keys)
         except KVStoreError as e:  # typed, never a hang: the daemon is gone
             errors.append(e)
             return
@@ -93,12 +93,12 @@ def test_sigkill_mid_put_and_mid_get_keeps_exactly_the_committed_blocks(tmp_path
             assert not t.is_alive()
         d.start(listen=f"127.0.0.1:{port}")
         with connect(d, deadline_s=10, retry=retry) as c:
-            assert c.get_many([block("kill", i)[0] for i in acked]) == [block("kill", i)[1] for i in acked]
+            assert fetch(c, [block("kill", i)[0] for i in acked]) == [block("kill", i)[1] for i in acked]
             in_flight = [i for i in sent if i not in acked]
             assert len(in_flight) <= 1
             for i in in_flight:  # committed before the kill (acknowledgement lost), or not at all
-                assert c.get(block("kill", i)[0]) in (None, block("kill", i)[1])
-            assert c.get(block("kill", len(sent))[0]) is None  # never sent
+                assert fetch_one(c, block("kill", i)[0]) in (None, block("kill", i)[1])
+            assert fetch_one(c, block("kill", len(sent))[0]) is None  # never sent
             assert len(acked) <= c.stats().tiers[0].blocks <= len(sent)
 
             keys = [block("kill", i)[0] for i in acked]
@@ -113,6 +113,6 @@ def test_sigkill_mid_put_and_mid_get_keeps_exactly_the_committed_blocks(tmp_path
                 t.join(timeout=30)
                 assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], KVStoreError), errors
             d.start(listen=f"127.0.0.1:{port}")
-            assert c.get_many(keys) == want  # the same client, reconnected: everything still served
+            assert fetch(c, keys) == want  # the same client, reconnected: everything still served
     finally:
         d.stop()

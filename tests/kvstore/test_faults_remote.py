@@ -24,7 +24,7 @@ from kvstore.errors import KVStoreTimeout
 from kvstore.server.health import TIER_SERVICE
 from kvstore.store.tier_bookkeeping import LevelOptions
 from kvstore.store.tiered_store import TieredStore
-from tests.fixtures_kvstore import Daemon, connect
+from tests.fixtures_kvstore import Daemon, connect, fetch, fetch_one
 from tests.kvstore.faults_support import block, drained, tier, wait_for
 from tiers.cpu import CpuTier
 from tiers.s3 import S3Tier
@@ -49,7 +49,7 @@ def _get_within(c: KVStoreClient, key: bytes) -> bytes | None:
     """One Get that must come back by its deadline: the block, a miss, or a typed timeout (None)."""
     t0 = time.monotonic()
     try:
-        got = c.get(key)
+        got = fetch_one(c, key)
     except KVStoreTimeout:
         got = None
     assert time.monotonic() - t0 < c.deadline_s + SLACK_S
@@ -75,7 +75,7 @@ def test_redis_down_at_boot_then_stopped_restarted_and_hung(tmp_path: Path, caps
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
             assert 'tierkv_tier_available{tier="redis"} 0.0' in metrics
             assert c.put_many(blocks[:2]) == [True, True]  # served from cpu meanwhile
-            assert c.get_many([k for k, _ in blocks[:2]]) == [v for _, v in blocks[:2]]
+            assert fetch(c, [k for k, _ in blocks[:2]]) == [v for _, v in blocks[:2]]
             st = tier(c, "redis")
             assert not st.available and st.detaches == 1 and st.skipped_writes == 2 and "cannot reach" in st.last_error
 
@@ -94,7 +94,7 @@ def test_redis_down_at_boot_then_stopped_restarted_and_hung(tmp_path: Path, caps
                 assert _get_within(c, k) is None
             st = tier(c, "redis")
             assert not st.available and st.detaches == 2 and st.errors >= 3
-            assert c.put_many(blocks[8:10]) == [True, True] and c.get(blocks[9][0]) == blocks[9][1]
+            assert c.put_many(blocks[8:10]) == [True, True] and fetch_one(c, blocks[9][0]) == blocks[9][1]
 
             server.start()  # restarted (empty): attached again
             wait_for(lambda: tier(c, "redis").available, "redis to be attached after its restart")
@@ -110,7 +110,7 @@ def test_redis_down_at_boot_then_stopped_restarted_and_hung(tmp_path: Path, caps
                     wait_for(lambda: _get_within(quick, blocks[2][0]) is None and not tier(c, "redis").available,
                              "the hung redis to be detached")  # fmt: skip
                     t0 = time.monotonic()
-                    assert quick.get(blocks[3][0]) is None  # detached: skipped, not waited on
+                    assert fetch_one(quick, blocks[3][0]) is None  # detached: skipped, not waited on
                     assert quick.lookup([blocks[11][0], blocks[3][0]]).prefix_len == 1
                     assert time.monotonic() - t0 < quick.deadline_s + SLACK_S
             finally:
@@ -148,7 +148,7 @@ def _s3_stopped_and_restarted(tmp_path: Path, weed: SeaweedS3, blocks: list[tupl
         wait_for(lambda: tier(c, "s3").available, "s3 to be attached")
         assert c.put_many(blocks[3:]) == [True] * 3
         wait_for(lambda: drained(c), "spills to s3")
-        assert c.lookup([blocks[3][0]]).tiers == ["s3"] and c.get(blocks[3][0]) == blocks[3][1]
+        assert c.lookup([blocks[3][0]]).tiers == ["s3"] and fetch_one(c, blocks[3][0]) == blocks[3][1]
 
         weed.stop()  # reads of blocks that live only in s3 miss (never fail) until it is detached
         wait_for(lambda: all(_get_within(c, k) in (None, v) for k, v in blocks[3:])
@@ -158,7 +158,7 @@ def _s3_stopped_and_restarted(tmp_path: Path, weed: SeaweedS3, blocks: list[tupl
         weed.start()
         wait_for(lambda: tier(c, "s3").available, "s3 to be attached after its restart")
         assert tier(c, "s3").attaches == 2
-        assert c.get(blocks[4][0]) in (None, blocks[4][1])  # what survived the restart, or a miss
+        assert fetch_one(c, blocks[4][0]) in (None, blocks[4][1])  # what survived the restart, or a miss
 
 
 def _s3_hung(weed: SeaweedS3, blocks: list[tuple[bytes, bytes]]) -> None:

@@ -16,7 +16,7 @@ from bench.servers import RedisServer, S3Endpoint
 from kvstore.block import encode_block
 from kvstore.store.tier_bookkeeping import LevelOptions
 from kvstore.store.tiered_store import TieredStore
-from tests.fixtures_kvstore import Daemon, connect
+from tests.fixtures_kvstore import Daemon, connect, fetch, fetch_one
 from tiers.cpu import CpuTier
 from tiers.redis import RedisTier
 from tiers.s3 import S3Tier
@@ -117,9 +117,9 @@ def test_redis_killed_mid_run(tmp_path: Path, own_redis: RedisServer) -> None:
                 time.sleep(0.05)
             assert c.lookup([blocks[0][0]]).tiers == ["redis"]
             own_redis.stop()  # the shared tier's server dies
-            assert c.get_many([k for k, _ in blocks[:8]]) == [b for _, b in blocks[:8]]  # fell through to disk
+            assert fetch(c, [k for k, _ in blocks[:8]]) == [b for _, b in blocks[:8]]  # fell through to disk
             assert c.put_many(blocks[8:]) == [True, True]  # writes go on
-            assert c.get(blocks[9][0]) == blocks[9][1]
+            assert fetch_one(c, blocks[9][0]) == blocks[9][1]
             st = {t.name: t for t in c.stats().tiers}
             assert st["redis"].errors >= 1 and not st["redis"].available and st["redis"].last_error
             assert c.lookup([blocks[0][0]]).tiers == ["disk"]
@@ -147,8 +147,8 @@ def test_daemon_with_every_tier_from_flags(tmp_path: Path, s3_endpoint: S3Endpoi
             assert st["s3"].spills >= 1 and all(t.used_bytes <= t.capacity_bytes for t in st.values())
             res = c.lookup([k for k, _ in blocks])
             assert res.prefix_len == 20 and "s3" in res.tiers and "cpu" in res.tiers
-            assert c.get_many([k for k, _ in blocks]) == [b for _, b in blocks]
-            assert c.delete_many([k for k, _ in blocks]) == 20
+            assert fetch(c, [k for k, _ in blocks]) == [b for _, b in blocks]
+            assert c.delete([k for k, _ in blocks]) == 20
     finally:
         d.stop()
 

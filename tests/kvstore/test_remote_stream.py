@@ -24,6 +24,9 @@ from tests.fixtures_kvstore import (
     Gate,
     big_block,
     connect,
+    each,
+    fetch,
+    fetch_one,
     stream_daemon,
 )
 
@@ -37,7 +40,7 @@ def test_multi_mb_blocks_come_back_identical_and_verified(tmp_path: Path, daemon
     keys = [k for k, _ in blocks]
     with connect(d, deadline_s=WAIT_S, use_shm=False, use_stream=True) as c:
         assert c.put_many(blocks) == [True] * 6
-        got = c.get_many([keys[0], b"absent-key-00001", *keys[1:]])
+        got = fetch(c, [keys[0], b"absent-key-00001", *keys[1:]])
         assert got[1] is None
         assert [bytes(g) for g in got[:1] + got[2:] if g is not None] == [v for _, v in blocks]
         for k, blk in zip(keys, c.get_blocks(keys), strict=True):  # checksum verified
@@ -48,7 +51,7 @@ def test_multi_mb_blocks_come_back_identical_and_verified(tmp_path: Path, daemon
             owned[i] = bytes(mv)
             decode_block(owned[i], verify=True)
 
-        assert c.read_many(keys, copy_then_verify) == [True] * 6
+        assert c.read_batches(keys, each(copy_then_verify)) == [True] * 6
         assert [owned[i] for i in range(6)] == [v for _, v in blocks]
         assert c._stream.enabled and c._stream._idle  # the channel carried them, not gRPC
 
@@ -59,11 +62,11 @@ def test_daemon_without_the_channel_streams_over_grpc(tmp_path: Path, daemons: l
     k, v = big_block(7, mib=2)
     with connect(d, deadline_s=WAIT_S, use_shm=False) as c:
         c.put(k, v)
-        assert bytes(c.get(k)) == v  # type: ignore[arg-type]
+        assert fetch_one(c, k) == v
         assert not c._stream._idle
     with connect(d, deadline_s=WAIT_S, use_shm=False, use_stream=True, retry=FAST) as c:
         with pytest.raises(KVStoreError, match="stream channel refused"):
-            c.get(k)
+            fetch_one(c, k)
 
 
 def test_unreachable_channel_port_falls_back_for_good() -> None:
@@ -88,13 +91,13 @@ def test_deadline_mid_reply_is_timeout_and_next_call_is_intact() -> None:
             seen: list[int] = []
             c.deadline_s = 0.5
             with pytest.raises(KVStoreTimeout):
-                c.read_many([a, b, z], lambda i, mv: seen.append(i))
+                c.read_batches([a, b, z], each(lambda i, mv: seen.append(i)))
             assert seen == [0] and gate.entered.is_set()  # it failed mid-reply
             gate.release.set()
             assert gate.done.wait(WAIT_S)  # the late reply was sent (or refused) by now
             d.store.on_read = None
             c.deadline_s = WAIT_S
-            assert [bytes(g) for g in c.get_many([z, a]) if g is not None] == [vz, va]
+            assert fetch(c, [z, a]) == [vz, va]
         finally:
             c.close()
 
@@ -114,7 +117,7 @@ def test_daemon_killed_mid_reply_is_unavailable(tmp_path: Path, daemons: list[Da
                 d.kill(signal.SIGKILL)
 
         with pytest.raises(KVStoreUnavailable):
-            c.read_many([k for k, _ in blocks], kill_on_first)
+            c.read_batches([k for k, _ in blocks], each(kill_on_first))
         assert 0 < len(seen) < 24
 
 

@@ -20,7 +20,16 @@ from kvstore.errors import InvalidRequest, KVStoreError
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.server import stream_wire as w
 from kvstore.server.stream_server import MAX_KEYS
-from tests.fixtures_kvstore import MIB, WAIT_S, StreamDaemon, big_block, connect, stream_daemon
+from tests.fixtures_kvstore import (
+    MIB,
+    WAIT_S,
+    StreamDaemon,
+    big_block,
+    connect,
+    fetch,
+    fetch_one,
+    stream_daemon,
+)
 
 
 def _token(c: KVStoreClient) -> tuple[int, bytes]:
@@ -60,7 +69,7 @@ def _still_serves(d: StreamDaemon) -> None:
     k, v = big_block(99, mib=1)
     with connect(d, deadline_s=WAIT_S, use_shm=False, use_stream=True) as c:
         c.put(k, v)
-        assert bytes(c.get(k)) == v  # type: ignore[arg-type]
+        assert fetch_one(c, k) == v
 
 
 @pytest.mark.parametrize("token", ["wrong", "reused"])
@@ -105,7 +114,7 @@ def test_client_sees_a_refusal_typed_and_not_retried() -> None:
     with stream_daemon() as d:
         with connect(d, deadline_s=WAIT_S, use_shm=False, use_stream=True, retry=Retry(attempts=3)) as c:
             with pytest.raises(InvalidRequest, match="key 0: length 0"):
-                c.get_many([b""])
+                fetch(c, [b""])
         _still_serves(d)
 
 
@@ -115,7 +124,7 @@ def test_client_refuses_a_block_over_its_limit() -> None:
         k, v = big_block(3, mib=2)
         c.put(k, v)
         with pytest.raises(KVStoreError, match="client limit"):
-            c.get(k)
+            fetch_one(c, k)
 
 
 def test_connections_and_tokens_are_bounded() -> None:
@@ -126,11 +135,11 @@ def test_connections_and_tokens_are_bounded() -> None:
         raw.put(k, v)
         held = connect(d, deadline_s=WAIT_S, use_shm=False, use_stream=True)
         try:
-            assert bytes(held.get(k)) == v  # type: ignore[arg-type]  # one connection, kept idle
+            assert fetch_one(held, k) == v  # one connection, kept idle
             _token(raw)  # a second slot: a token nobody uses
             assert not raw._stub.OpenStream(pb.OpenStreamRequest(), timeout=WAIT_S).ok
             with connect(d, deadline_s=WAIT_S, use_shm=False) as other:
-                assert bytes(other.get(k)) == v  # type: ignore[arg-type]  # over gRPC
+                assert fetch_one(other, k) == v  # over gRPC
                 assert not other._stream._idle
             _token_eventually(raw)  # the unused token expired and gave its slot back
         finally:
@@ -158,13 +167,13 @@ def test_idle_connection_is_closed_and_the_client_opens_another() -> None:
         k, v = big_block(6, mib=1)
         with connect(d, deadline_s=WAIT_S, use_shm=False, use_stream=True, retry=Retry(attempts=1)) as c:
             c.put(k, v)
-            assert bytes(c.get(k)) == v  # type: ignore[arg-type]
+            assert fetch_one(c, k) == v
             assert c._stream._idle
             deadline = time.monotonic() + WAIT_S
             while d.streams._conns:  # the daemon closes it once idle
                 assert time.monotonic() < deadline, "an idle connection was kept"
                 time.sleep(0.05)
-            assert bytes(c.get(k)) == v  # type: ignore[arg-type]  # not the dead one: a fresh one
+            assert fetch_one(c, k) == v  # not the dead one: a fresh one
 
 
 def test_client_that_stops_reading_loses_its_connection() -> None:

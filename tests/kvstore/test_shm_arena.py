@@ -19,7 +19,7 @@ from kvstore.errors import KVStoreError, ShmSessionLost
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.server.shm_sessions import ShmSessions
 from kvstore.store.tier_bookkeeping import LevelOptions
-from tests.fixtures_kvstore import WAIT_S, block, connect, inprocess_daemon
+from tests.fixtures_kvstore import WAIT_S, block, connect, each, fetch_one, inprocess_daemon
 from tiers.cpu import ARENA_HEADER, CpuTier
 from tiers.disk import DiskTier
 from tiers.errors import ConfigError
@@ -46,16 +46,16 @@ def test_bytes_read_in_place_do_not_change_while_leased() -> None:
 
         def sink(i: int, mv: memoryview) -> None:
             before = bytes(mv)
-            assert writer.delete(key)
+            assert writer.delete([key]) == 1
             for j in range(8):  # 8 blocks through a 4-block arena: every free run is reused
                 writer.put(*block(f"other-{j}", 10.0 + j))
             writer.put(key, block("pinned", 99.0)[1])  # the same key, other bytes
             seen.append((before, bytes(mv)))
 
-        assert reader.read_many([key], sink) == [True]
+        assert reader.read_batches([key], each(sink)) == [True]
         assert reader.arena_active
         assert seen == [(value, value)], "bytes read in place changed under the reader"
-        assert reader.get(key, copy=True) == block("pinned", 99.0)[1]
+        assert fetch_one(reader, key) == block("pinned", 99.0)[1]
 
 
 def test_leases_are_released_after_the_read() -> None:
@@ -63,7 +63,7 @@ def test_leases_are_released_after_the_read() -> None:
         items = [block(f"rel-{i}", float(i)) for i in range(5)]
         c.put_many(items)
         got: list[bytes] = []
-        c.read_many([k for k, _ in items], lambda i, mv: got.append(bytes(mv)))
+        c.read_batches([k for k, _ in items], each(lambda i, mv: got.append(bytes(mv))))
         assert got == [v for _, v in items]
         _wait(lambda: d.sessions.leased() == 0, "the client never released its lease")
 
@@ -113,7 +113,7 @@ def test_a_dropped_session_pins_nothing() -> None:
                 d.sessions.detach(sid)
             assert d.sessions.leased() == 0
 
-        c.read_many([key], sink)
+        c.read_batches([key], each(sink))
 
 
 def test_the_mapping_is_read_only_and_proven_by_its_token() -> None:
@@ -169,7 +169,7 @@ def test_blocks_from_a_lower_tier_come_through_the_segment(tmp_path: Path) -> No
         assert [(b.found, b.arena) for b in resp.shm] == [(True, True), (True, False)] and resp.lease
         c._stub.ReleaseLease(pb.ReleaseLeaseRequest(session=sid, leases=[resp.lease]), timeout=WAIT_S)
         got: dict[int, bytes] = {}
-        c.read_many([top_key, lower_key], lambda i, mv: got.__setitem__(i, bytes(mv)))
+        c.read_batches([top_key, lower_key], each(lambda i, mv: got.__setitem__(i, bytes(mv))))
         assert got == {0: top_value, 1: lower_value}
 
 
@@ -183,11 +183,11 @@ def test_a_client_that_cannot_map_the_arena_reads_through_the_segment() -> None:
         with connect(d, use_shm=True, retry=Retry(attempts=1)) as c:
             c.put(key, value)
             got: list[bytes] = []
-            assert c.read_many([key], lambda i, mv: got.append(bytes(mv))) == [True]
-            assert got == [value] and c.shm_active and not c.arena_active
+            assert c.read_batches([key], each(lambda i, mv: got.append(bytes(mv)))) == [True]
+            assert got == [value] and len(d.sessions) == 1 and not c.arena_active  # through the segment
         with connect(d, use_shm=True, use_arena=True, retry=Retry(attempts=1)) as c:
             with pytest.raises(KVStoreError, match="arena"):
-                c.read_many([key], lambda i, mv: None)
+                c.read_batches([key], lambda items: None)
 
 
 def test_the_daemon_can_keep_its_arena_private() -> None:
@@ -202,16 +202,17 @@ def test_the_daemon_can_keep_its_arena_private() -> None:
         assert d.servicer.arena is not None
 
 
-def test_np_views_of_a_block_read_in_place_are_copies_when_kept() -> None:
-    """get_many keeps its views after the call, so it never reads in place (its segment lease
-    is what keeps those bytes)."""
+def test_blocks_kept_after_the_read_are_copies() -> None:
+    """get_blocks keeps its blocks after the call: they are copies of what was read in place, and
+    no lease stays pinned for them."""
     with inprocess_daemon() as d, connect(d, use_shm=True, use_arena=True) as c:
-        key, value = block("kept", 4.0)
-        c.put(key, value)
-        (kept,) = c.get_many([key])
-        assert kept is not None and bytes(kept) == value
-        assert d.sessions.leased() == 0
-        assert np.frombuffer(kept, np.uint8).base is not None
+        key = b"kept-block-00001"
+        payload = np.full(4096, 4.0, dtype=np.float32)
+        c.put(key, encode_block(key, payload))
+        (kept,) = c.get_blocks([key])
+        assert c.arena_active and kept is not None and np.array_equal(kept.array(), payload)
+        _wait(lambda: d.sessions.leased() == 0, "a lease stayed pinned for blocks kept after the read")
+        assert isinstance(kept.payload.obj, bytes)  # over the client's own copy, not the arena
         del kept
 
 
@@ -224,7 +225,7 @@ def test_encode_block_round_trip_through_the_arena_loader_path() -> None:
         blk = encode_block(key, np.arange(4096, dtype=np.float32))
         c.put(key, blk)
         out: list[bytes] = []
-        c.read_many([key], lambda i, mv: out.append(bytes(decode_block(mv).payload)))
+        c.read_batches([key], each(lambda i, mv: out.append(bytes(decode_block(mv).payload))))
         assert out == [np.arange(4096, dtype=np.float32).tobytes()]
 
 

@@ -16,7 +16,7 @@ import pytest
 from kvstore.client.shm import HEADER_BYTES, SHM_DIR, ShmSegment
 from kvstore.errors import ShmSessionLost
 from kvstore.server.shm_sessions import ShmSessions
-from tests.fixtures_kvstore import WAIT_S, Daemon, block, connect, inprocess_daemon
+from tests.fixtures_kvstore import WAIT_S, Daemon, block, connect, each, fetch_one, inprocess_daemon
 from tiers.errors import ConfigError
 
 SEG = 1 << 20  # client segment data bytes in these tests
@@ -25,12 +25,12 @@ CLIENT = """
 import sys, time
 from kvstore.client.client import KVStoreClient
 from kvstore.errors import ShmSessionLost
-from tests.fixtures_kvstore import block
+from tests.fixtures_kvstore import block, fetch_one
 clients = [KVStoreClient(sys.argv[1], use_shm=True, shm_bytes=1 << 20) for _ in range(2)]
 for i, c in enumerate(clients):
     k, v = block(f"dead-{i}", float(i))
     c.put(k, v)
-    assert c.get(k, copy=True) == v
+    assert fetch_one(c, k) == v
 print(" ".join(seg.name for c in clients for seg, _ in c._shm._free), flush=True)
 time.sleep(600)
 """
@@ -121,20 +121,21 @@ def test_byte_bound_refuses_attach_and_client_streams() -> None:
         try:
             clients[0].put(k, v)
             for c in clients:
-                assert c.get(k, copy=True) == v
-            assert [c.shm_active for c in clients] == [True, True, False]  # the third streams
-            assert d.sessions.mapped_bytes <= limit and len(d.sessions) == 2
+                assert fetch_one(c, k) == v
+            assert d.sessions.mapped_bytes <= limit and len(d.sessions) == 2  # the third streams
             clients[0].close()  # detaches: room for another client
+            assert len(d.sessions) == 1
             late = connect(d, shm_bytes=SEG)
             clients.append(late)
-            assert late.get(k, copy=True) == v and late.shm_active
+            assert fetch_one(late, k) == v and len(d.sessions) == 2  # the late one attached
+            clients[2].close()  # it streamed: no session of its own to drop
+            assert len(d.sessions) == 2
         finally:
             for c in clients:
                 c.close()
 
 
-@pytest.mark.parametrize("path", ["read_many", "get_many"])
-def test_session_evicted_mid_get_retries_cleanly(path: str) -> None:
+def test_session_evicted_mid_get_retries_cleanly() -> None:
     """Another client attaching takes the only session slot while our Get is writing into our
     segment: the Get fails with ShmSessionLost inside the client, which attaches again and
     returns the right bytes."""
@@ -149,11 +150,8 @@ def test_session_evicted_mid_get_retries_cleanly(path: str) -> None:
         with connect(d, use_shm=True) as c:
             c.put(k, v)
             d.store.on_read = evict
-            if path == "read_many":
-                got: list[bytes] = []
-                assert c.read_many([k], lambda i, mv: got.append(bytes(mv))) == [True]
-            else:
-                got = [bytes(b) for b in c.get_many([k]) if b is not None]
+            got: list[bytes] = []
+            assert c.read_batches([k], each(lambda i, mv: got.append(bytes(mv)))) == [True]
             assert got == [v]
             assert d.store.reads[k] == 2  # the first try was refused, the retry served it
         for s in extra:

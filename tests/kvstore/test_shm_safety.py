@@ -19,7 +19,7 @@ from kvstore.client.retry import Retry
 from kvstore.client.shm import HEADER_BYTES
 from kvstore.errors import KVStoreTimeout
 from kvstore.proto import kvstore_pb2 as pb
-from tests.fixtures_kvstore import WAIT_S, Gate, block, connect, inprocess_daemon
+from tests.fixtures_kvstore import WAIT_S, Gate, block, connect, each, fetch, fetch_one, inprocess_daemon
 
 PATHS = pytest.mark.parametrize("use_arena", [False, True], ids=["copied", "in-place"])
 
@@ -41,7 +41,7 @@ def test_late_write_never_reaches_the_next_call(use_arena: bool) -> None:
                 d.store.read = gate.read(d.store)  # type: ignore[method-assign]
                 c.deadline_s = 0.3
                 with pytest.raises(KVStoreTimeout):
-                    c.read_many([slow[0]], lambda i, mv: None)
+                    c.read_batches([slow[0]], lambda items: None)
                 assert gate.entered.is_set()
                 c.deadline_s = WAIT_S
                 got: list[bytes] = []
@@ -51,7 +51,7 @@ def test_late_write_never_reaches_the_next_call(use_arena: bool) -> None:
                     assert gate.done.wait(WAIT_S)
                     got.append(bytes(mv))
 
-                assert c.read_many([fast[0]], sink) == [True]
+                assert c.read_batches([fast[0]], each(sink)) == [True]
                 assert got == [fast[1]], f"round {r}: the next call's bytes were overwritten"
                 assert c.arena_active == use_arena
                 del d.store.read
@@ -72,12 +72,12 @@ def test_timed_out_segment_is_abandoned_not_reused() -> None:
             d.store.on_read = gate
             c.deadline_s = 0.3
             with pytest.raises(KVStoreTimeout):
-                c.get_many([slow[0]], copy=True)
+                fetch(c, [slow[0]])
             assert used not in c._shm._free and not c._shm._free
             gate.release.set()
             d.store.on_read = None
             c.deadline_s = WAIT_S
-            assert c.get_many([slow[0]], copy=True) == [slow[1]]
+            assert fetch(c, [slow[0]]) == [slow[1]]
             assert c._shm._free and c._shm._free[0][1] != used[1]  # a fresh session
             deadline = time.monotonic() + WAIT_S  # the abandoned session is detached (async)
             while len(d.sessions) != 1 and time.monotonic() < deadline:
@@ -140,7 +140,7 @@ def test_put_stores_the_daemons_own_copy() -> None:
 
             d.store.on_put = scribble
             assert c.put_many([victim]) == [True]
-            assert c.get_many([victim[0]], copy=True) == [victim[1]]
+            assert fetch(c, [victim[0]]) == [victim[1]]
         finally:
             c.close()
 
@@ -156,11 +156,11 @@ def test_held_call_does_not_stall_another_client(use_shm: bool) -> None:
             gate = Gate(held[0])
             d.store.on_read = gate
             result: list[Any] = []
-            t = threading.Thread(target=lambda: result.append(a.get(held[0], copy=True)))
+            t = threading.Thread(target=lambda: result.append(fetch_one(a, held[0])))
             t.start()
             try:
                 assert gate.entered.wait(WAIT_S)
-                assert b.get(other[0], copy=True) == other[1]
+                assert fetch_one(b, other[0]) == other[1]
                 assert b.put_many([block("more", 3.0)]) == [True]
                 assert b.lookup([held[0], other[0]]).prefix_len == 2
             finally:

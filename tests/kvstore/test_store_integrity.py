@@ -22,7 +22,7 @@ from kvstore.block import encode_block
 from kvstore.server.metrics import StoreMetrics
 from kvstore.store.tier_bookkeeping import LevelOptions
 from kvstore.store.tiered_store import TieredStore
-from tests.fixtures_kvstore import connect
+from tests.fixtures_kvstore import connect, fetch_one
 from tests.fixtures_servers import TEST_BUCKET
 from tiers.base import Tier
 from tiers.cpu import CpuTier
@@ -189,11 +189,11 @@ def test_daemon_answers_a_miss_then_stores_the_reput(tmp_path: Path, redis_url: 
         key, good = blocks[0]
         assert c.lookup([key]).tiers == ["redis"]  # evicted from the 1 MiB cpu tier
         plain.set(b"tierkv:" + key, _flip(good))
-        assert c.get(key) is None
+        assert fetch_one(c, key) is None
         assert plain.exists(b"tierkv:" + key) == 0
         assert c.put_many([(key, good)]) == [True]  # STORED
-        assert c.get(key, copy=True) == good
+        assert fetch_one(c, key) == good
         scrape = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         assert 'tierkv_tier_corrupt_blocks_total{reason="checksum",tier="redis"} 1.0' in scrape
-        c.delete_many([k for k, _ in blocks])
+        c.delete([k for k, _ in blocks])
     plain.close()

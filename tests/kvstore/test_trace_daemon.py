@@ -16,7 +16,7 @@ from kvstore.launch import running_daemon
 from kvstore.ops.trace import MISS, key_hash, read_trace
 from kvstore.server.auth import AuthError, ClientAuth
 from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT
-from tests.fixtures_kvstore import connect
+from tests.fixtures_kvstore import connect, fetch
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_trace_start_stop_records_the_daemons_accesses(daemon: str, tmp_path: Pa
     with connect(daemon, use_shm=False) as c:
         c.lookup(keys[:2])
         c.put_many([(k, blk(k)) for k in keys])  # 30 x 4 KB over a 64 KiB cpu tier: the first ones are dropped
-        found = c.get_many([keys[-1], keys[0]], copy=True)
+        found = fetch(c, [keys[-1], keys[0]])
     assert found[0] is not None and found[1] is None
     code, out, err = kvstore("trace", "stop", "--address", daemon)
     assert code == 0 and "wrote 34 records" in out, err

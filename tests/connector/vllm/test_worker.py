@@ -40,7 +40,7 @@ def daemon() -> Iterator[Any]:
 def worker(d: Any, kv: dict[str, torch.Tensor], **kw: Any) -> Worker:
     c = connect(d, use_shm=False)
     return Worker(BlockLayout(kv, BLOCKS), read=lambda keys, consume, dl: c.read_batches(keys, consume, deadline_s=dl),
-                  delete=c.delete_many, held=lambda keys: c.lookup(keys, read=False).tiers, put=c.put_many,
+                  delete=c.delete, held=lambda keys: c.lookup(keys, read=False).tiers, put=c.put_many,
                   counters=Counters(), save_queue_bytes=kw.get("save_queue_bytes", 1 << 30))  # fmt: skip
 
 
@@ -185,7 +185,7 @@ def test_a_dead_daemon_fails_the_load_not_the_step(daemon: Any) -> None:
     dst = caches(None)
     c = connect("127.0.0.1:1", use_shm=False, deadline_s=0.5)
     w = Worker(BlockLayout(dst, BLOCKS), read=lambda k, f, dl: c.read_batches(k, f, deadline_s=dl),
-               delete=c.delete_many, held=None, put=c.put_many, counters=Counters(), save_queue_bytes=1 << 30)
+               delete=c.delete, held=None, put=c.put_many, counters=Counters(), save_queue_bytes=1 << 30)
     load(w, LoadSpec("r", KEYS[:2], [0, 1], ["cpu"] * 2, 1.0))
     assert w.load_errors() == {0, 1}
     assert w.worker_meta().loads[0].reason in ("error", "deadline")  # type: ignore[union-attr]
