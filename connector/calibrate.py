@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from connector.config import CALIBRATION_ENV
 from connector.cost_model import PrefillModel
 from connector.dtypes import to_block_array
 from connector.loader import Loader
@@ -60,7 +61,7 @@ def time_prefill(engine, new: int, ctx: int) -> float | None:
 def calibrate_prefill(engine, samples=PREFILL_SAMPLES, cache: bool = True, repeats: int = 2) -> PrefillModel:
     """Fit a + b*new + c*new*ctx over a few timed prefills (cached per model/device/dtype/threads)."""
     key = (engine.loaded.fingerprint, str(engine.device), str(engine.dtype), torch.get_num_threads(),
-           os.environ.get("TIERKV_CONNECTOR_CALIBRATION", ""))
+           os.environ.get(CALIBRATION_ENV, ""))
     if cache and key in _PREFILL_CACHE:
         return _PREFILL_CACHE[key]
     t0 = time.perf_counter()

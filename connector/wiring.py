@@ -17,7 +17,9 @@ from connector.blend import BlendConfig, BlendHook, BlendUnsupportedError
 from connector.blend.chunk_cache import ChunkStore, InProcessChunkStore
 from connector.blend.daemon_store import DaemonChunkStore
 from connector.blend.frontend import BlendFrontend
+from connector.blend.hook import ENV as BLEND_ENV
 from connector.blend.metrics import BlendCollector
+from connector.config import ENV as CONNECTOR_ENV
 from connector.config import ConnectorConfig
 from connector.connector import KVConnector
 from connector.cost_model import PrefillModel
@@ -102,3 +104,6 @@ def check_blend_config() -> None:
 
 attach_tierkv.check_config = check_tierkv_config  # type: ignore[attr-defined]
 attach_blend_frontend.check_config = check_blend_config  # type: ignore[attr-defined]
+# what each plug-in reads from the environment: kvengine's unknown-variable warnings (engine/plugins.py)
+attach_tierkv.declares_env = CONNECTOR_ENV  # type: ignore[attr-defined]
+attach_blend_frontend.declares_env = BLEND_ENV  # type: ignore[attr-defined]

@@ -39,7 +39,7 @@ from connector.blend.quality_gate import ProbeState, QualityGate, ShadowProber
 from connector.blend.ratio import RecomputeRatio
 from connector.blend.spec import SELECT_MODES, BlendSpec
 from connector.blend.state import BlendState, BlendStats
-from engine.env import env_overrides
+from engine.env import EnvDeclaration
 from engine.errors import ConfigError
 from engine.hooks import PageSource, PrefixExtension
 from engine.request import Request
@@ -87,11 +87,14 @@ class BlendConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> BlendConfig:
         """Defaults < ``TIERKV_BLEND_*`` environment variables < ``overrides``; a bad value is one line."""
-        kw = {**env_overrides(cls, "TIERKV_BLEND_", skip=("recompute",), environ=environ), **overrides}
+        kw = {**ENV.overrides(environ), **overrides}
         try:
             return cls(**kw)  # type: ignore[arg-type]
         except ValueError as e:
             raise ConfigError(f"CacheBlend config (TIERKV_BLEND_*): {e}") from None
+
+
+ENV = EnvDeclaration("TIERKV_BLEND_", BlendConfig, skip=("recompute",))  # what CacheBlend reads from the environment
 
 
 class _ComputeLog:
