@@ -31,13 +31,13 @@ _PREFILL_CACHE: dict[tuple, PrefillModel] = {}
 
 
 def _with_scratch(engine, n_pages: int, fn: Callable[[list[int]], float]) -> float | None:
-    pages = engine.scheduler.alloc(n_pages)  # the PageSource hooks use
+    pages = engine.scheduler.cache.pages.alloc(n_pages)  # the PageSource hooks use
     if pages is None:
         return None
     try:
         return fn(pages)
     finally:
-        engine.scheduler.free(pages)
+        engine.scheduler.cache.pages.free(pages)
 
 
 def time_prefill(engine, new: int, ctx: int) -> float | None:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def order_hooks(engine) -> None:
     """Exact before approximate: the daemon's prefix first, then CacheBlend on what remains."""
-    engine.scheduler.hooks = [h for h in (engine.connector, engine.blend) if h is not None]
+    engine.hooks = [h for h in (engine.connector, engine.blend) if h is not None]
 
 
 def attach_tierkv(engine, address: str | ConnectorConfig, prefill: PrefillModel | None = None,

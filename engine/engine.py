@@ -24,7 +24,7 @@ from engine.attention import select_backend
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.forward_batch import ForwardBatch
-from engine.hooks import AdmissionHook, KVConnectorPlugin
+from engine.hooks import AdmissionHook, KVConnectorPlugin, LoadingHook
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.model_loader import LoadedModel, load_model
@@ -128,6 +128,15 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
+
+    @property
+    def hooks(self) -> list[AdmissionHook | LoadingHook]:
+        """The admission hooks, in the order the composition root set (loading hooks first)."""
+        return self.scheduler.admitter.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: Sequence[AdmissionHook | LoadingHook]) -> None:
+        self.scheduler.admitter.hooks = hooks
 
     @property
     def wake(self) -> threading.Event:

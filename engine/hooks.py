@@ -5,11 +5,11 @@ radix match (``propose``). It may take fresh pages from the narrow ``PageSource`
 hands it and write KV into them (that is its job), and it returns a ``PrefixExtension``: those
 pages, how many tokens of KV they now hold (starting at ``req.num_computed``), and whether that KV
 is exact (equal to a prefill: it may be shared through the radix tree and offloaded) or
-approximate (CacheBlend: never cached). The scheduler alone then applies it
-(``Scheduler.apply_extension``): page references, radix insert and re-lock, the exact/approximate
-boundary. A hook never touches the allocator's refcounts, the radix tree or the request's fields
-owned by the scheduler; it reads the request and keeps its own state in its declared slot
-(``Request.kv`` / ``Request.blend``).
+approximate (CacheBlend: never cached). The scheduler's CacheManager alone then applies it
+(engine/cache_manager.py ``apply_extension``): page references, radix insert and re-lock, the
+exact/approximate boundary (nothing follows approximate KV). A hook never touches the allocator's
+refcounts, the radix tree or the request's fields owned by the scheduler; it reads the request and
+keeps its own state in its declared slot (``Request.kv`` / ``Request.blend``).
 
 A *loading* hook (``LoadingHook``: the KV connector) fetches off the engine thread instead: the
 scheduler asks it to ``start`` as soon as a request is queued (prefetch), polls it once per step on
@@ -46,13 +46,13 @@ class PrefixExtension(NamedTuple):
 
 
 class PageSource(Protocol):
-    """The only pool access a hook gets: fresh pages (evicting radix leaves if needed)."""
+    """The only pool access a hook gets (engine/cache_manager.py ``HookPages``, not the scheduler)."""
 
-    page_size: int
+    def alloc(self, n: int) -> list[int] | None:
+        """``n`` fresh pages, evicting radix leaves if needed (one reference each); None if too few."""
 
-    def alloc(self, n: int) -> list[int] | None: ...
-
-    def free(self, pages: Sequence[int]) -> None: ...
+    def free(self, pages: Sequence[int]) -> None:
+        """Give back pages taken with ``alloc`` and not handed over in an extension."""
 
 
 class AdmissionHook(Protocol):

@@ -129,7 +129,7 @@ class Request:
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (after stop-string truncation)
-    cache_limit: int | None = None  # KV past this many tokens is approximate (set by Scheduler.apply_extension)
+    cache_limit: int | None = None  # KV past this many tokens is approximate (set by CacheManager.apply_extension)
     admission: Admission | None = None  # set from the prefix match until the request runs (the scheduler's)
     # per-request state of the plug-ins, each owned by its hook (the engine never looks inside)
     kv: HookState | None = None  # the KV connector's (connector/state.py KVState)

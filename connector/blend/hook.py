@@ -166,7 +166,7 @@ class BlendHook:
         if spec.prompt_ids != req.prompt_ids:
             self._fallback(req, "blend segments do not spell its prompt")
             return None
-        ps = pages.page_size
+        ps = self.pool.page_size
         m = req.num_computed  # exact prefix from the radix cache / connector (page-aligned)
         n = min(len(req.prompt_ids), req.num_tokens - 1)
         if m >= n:

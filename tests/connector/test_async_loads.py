@@ -151,7 +151,7 @@ def test_an_aborted_load_leaks_no_page_and_writes_into_no_page_of_anyone_else(ti
             assert not set(m.pages) & set(load_pages)
             kv_before = eng.pool.read_pages(m.pages).clone()
             held.gate.set()  # the late writes land: in the aborted load's own pages only
-            while eng.scheduler.draining:
+            while eng.scheduler.admitter.draining:
                 eng.step()
             assert torch.equal(eng.pool.read_pages(m.pages), kv_before)
             eng.radix.reset()
@@ -257,7 +257,7 @@ def test_a_connector_closed_with_loads_queued_hands_their_pages_back(tiny, tmp_p
             assert eng.pool.allocator.num_free() == eng.pool.num_pages
         finally:
             eng.connector = None
-            eng.scheduler.hooks = []
+            eng.hooks = []
 
 
 def test_loading_hooks_must_come_before_plain_hooks(tiny, tmp_path: Path) -> None:
@@ -275,8 +275,8 @@ def test_loading_hooks_must_come_before_plain_hooks(tiny, tmp_path: Path) -> Non
         eng = make_engine(tiny)
         conn = attach(eng, d.address)
         try:
-            eng.scheduler.hooks = [conn, Plain()]
+            eng.hooks = [conn, Plain()]
             with pytest.raises(ValueError, match="loading hooks must come before"):
-                eng.scheduler.hooks = [Plain(), conn]
+                eng.hooks = [Plain(), conn]
         finally:
             detach(eng)

@@ -130,7 +130,7 @@ class _ApproximateTail:
 
     def propose(self, req, pages):
         m, n = req.num_computed, len(req.prompt_ids) - 1
-        fresh = pages.alloc(-(-n // pages.page_size) - len(req.pages))
+        fresh = pages.alloc(-(-n // 16) - len(req.pages))  # make_engine's 16-token pages
         return PrefixExtension(fresh, n - m, exact=False, exact_head=32 - m)
 
     def on_finish(self, req) -> None:

@@ -40,7 +40,7 @@ def test_daemon_prefix_is_loaded_then_the_rest_blended(tiny, tmp_path: Path) -> 
         a = make_engine(tiny)
         attach(a, d.address, write_through=True)
         hook_a = attach_cacheblend(a, BlendConfig())
-        assert a.scheduler.hooks == [a.connector, hook_a]
+        assert a.hooks == [a.connector, hook_a]
         run(a, ids[: head_and_doc1 + 5])
         assert a.connector.flush(30)
         assert _blend(a, hook_a, spec).output_ids == want
@@ -52,7 +52,7 @@ def test_daemon_prefix_is_loaded_then_the_rest_blended(tiny, tmp_path: Path) -> 
         hook_b = attach_cacheblend(b, BlendConfig(), store=DaemonChunkStore(client, InProcessChunkStore()))
         conn_b = attach(b, d.address)
         try:
-            assert b.scheduler.hooks == [conn_b, hook_b]
+            assert b.hooks == [conn_b, hook_b]
             req = _blend(b, hook_b, spec)
             prefix = (head_and_doc1 + 5) // 16 * 16  # the plain request's full pages
             assert req.kv.decision.pages == prefix // 16
