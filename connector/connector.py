@@ -28,7 +28,7 @@ from connector.loader import Loader
 from connector.metrics import ConnectorMetrics
 from connector.offload import KnownKeys, Offloader
 from connector.staging import StagedPages
-from connector.state import KVState
+from connector.state import SLOT, KVState, kv_state
 from engine.hooks import NOTHING, LoadPoll, PageSource
 from engine.radix_cache import EvictedNode
 from engine.request import Request
@@ -111,10 +111,10 @@ class KVConnector:
         log.warning("kvstore daemon unusable (%s); recomputing for %.1fs", why, self.cfg.down_backoff_s)
 
     def _state(self, req: Request) -> KVState:
-        if req.kv is None:
-            req.kv = KVState()
-        assert isinstance(req.kv, KVState)
-        return req.kv
+        st = kv_state(req)
+        if st is None:
+            st = req.extras[SLOT] = KVState()
+        return st
 
     def _keys(self, req: Request, n_pages: int) -> list[BlockKey]:
         st = self._state(req)

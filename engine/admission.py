@@ -183,7 +183,6 @@ class Admitter:
         computed none of an extension's KV, so until a plug-in says otherwise it all counts as reused."""
         usage = PromptUsage(len(req.prompt_ids), radix=rec.radix, loaded=rec.exact, approximate=rec.approx,
                             reused_approx=rec.approx)
-        for st in (req.kv, req.blend):
-            if st is not None:
-                usage = st.account(usage)
+        for st in req.extras.values():
+            usage = st.account(usage)
         return usage

@@ -194,7 +194,7 @@ def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
     aengine = AsyncEngine(engine)
     aengine.start()
     name = a.served_model_name or cfg.served_model_name or engine.loaded.name
-    app = create_app(aengine, name, blend=documents)
+    app = create_app(aengine, name, documents=documents)
     host, port = _serve_address(a)
     if a.metrics_listen:  # /metrics also on its own address (the API's port keeps serving it too)
         from prometheus_client import start_http_server

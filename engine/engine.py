@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from prometheus_client.registry import Collector
@@ -75,8 +75,6 @@ class LLMEngine:
         #: seconds (forward and sampling) — what the connector's prefill model learns from
         self.step_listeners: list[Callable[[list[tuple[int, int]], float], None]] = []
         self.metric_collectors: list[Collector] = []  # of plug-ins, served on /metrics
-        self.connector: KVConnectorPlugin | None = None
-        self.blend: AdmissionHook | None = None
         self.attn = select_backend(config.attention_backend, self.device)
         self.max_model_len = config.max_model_len or self.arch.max_position_embeddings
         self.scheduler = Scheduler(config, self.pool, self.radix, self.max_model_len)
@@ -92,21 +90,22 @@ class LLMEngine:
             fn(nodes)
 
     def close_plugins(self, grace_s: float) -> bool:
-        """Shutdown: flush the connector's staged offloads (at most ``grace_s``), close the plug-ins.
-        False if the flush timed out (what was still staged is dropped)."""
+        """Shutdown: each hook in order flushes its staged offloads (a KV connector: at most
+        ``grace_s``) and is closed. False if a flush timed out (what was still staged is dropped)."""
         ok = True
-        if self.connector is not None:
-            ok = self.connector.flush(grace_s)
-            log.info("staged KV offloads %s", "flushed" if ok else f"NOT flushed within {grace_s:.0f}s")
-            self.connector.close()
-        if self.blend is not None:
-            self.blend.close()
+        for hook in self.hooks:
+            if isinstance(hook, KVConnectorPlugin):
+                flushed = hook.flush(grace_s)
+                log.info("staged KV offloads %s", "flushed" if flushed else f"NOT flushed within {grace_s:.0f}s")
+                ok = ok and flushed
+            hook.close()
         return ok
 
     # -- requests ----------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    rid: str | None = None, cache_salt: str | None = None, blend: HookState | None = None) -> str:
-        """Queue a request; ``blend`` is a CacheBlend request's state (see connector/blend/state.py)."""
+                    rid: str | None = None, cache_salt: str | None = None,
+                    extras: Mapping[str, HookState] | None = None) -> str:
+        """Queue a request; ``extras``: its plug-ins' state, each under its plug-in's key (``Request.extras``)."""
         params = params or SamplingParams()
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
@@ -117,7 +116,7 @@ class LLMEngine:
         if rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {rid}")
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.default_generator
-        req = Request(rid, list(ids), params, cache_salt=cache_salt, generator=gen, blend=blend)
+        req = Request(rid, list(ids), params, cache_salt=cache_salt, generator=gen, extras=dict(extras or {}))
         self.scheduler.add(req)  # raises PromptTooLongError before anything is held
         self.requests[rid] = req
         return rid

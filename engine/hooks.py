@@ -9,7 +9,7 @@ approximate (CacheBlend: never cached). The scheduler's CacheManager alone then 
 (engine/cache_manager.py ``apply_extension``): page references, radix insert and re-lock, the
 exact/approximate boundary (nothing follows approximate KV). A hook never touches the allocator's
 refcounts, the radix tree or the request's fields owned by the scheduler; it reads the request and
-keeps its own state in its declared slot (``Request.kv`` / ``Request.blend``).
+keeps its own state under its own key in ``Request.extras``.
 
 A *loading* hook (``LoadingHook``: the KV connector) fetches off the engine thread instead: the
 scheduler asks it to ``start`` as soon as a request is queued (prefetch), polls it once per step on
@@ -24,7 +24,7 @@ The order of hooks is set by the composition root (connector/wiring.py), not her
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # engine-internal types only
@@ -101,6 +101,7 @@ class LoadingHook(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class KVConnectorPlugin(LoadingHook, Protocol):
     """A KV connector is a loading hook whose staged offloads can be flushed at shutdown."""
 
@@ -108,11 +109,12 @@ class KVConnectorPlugin(LoadingHook, Protocol):
         """Send every staged offload; False if ``timeout_s`` passed first."""
 
 
+class DocumentPrompts(Protocol):
+    """What the HTTP server asks of the plug-in that serves requests with ``documents`` (chat) or a
+    ``blend_separator`` (completions): the prompt ids, and the request's plug-in state
+    (``Request.extras``)."""
 
-class BlendRequests(Protocol):
-    """What the HTTP server asks of CacheBlend: the prompt ids and the request's blend state."""
+    def chat(self, messages: list[dict], documents: list[str],
+             ratio: float | None) -> tuple[list[int], Mapping[str, HookState]]: ...
 
-    def chat(self, messages: list[dict], documents: list[str], ratio: float | None) -> tuple[list[int], HookState]:
-        ...
-
-    def plain(self, prompt: str, separator: str, ratio: float | None) -> tuple[list[int], HookState]: ...
+    def plain(self, prompt: str, separator: str, ratio: float | None) -> tuple[list[int], Mapping[str, HookState]]: ...

@@ -1,6 +1,6 @@
 """Engine integration: an admission hook that proposes a blend request's prompt KV at admission.
 
-A request whose ``blend`` slot holds a BlendState gets the KV of all its prompt tokens but the last
+A request whose CacheBlend state (``Request.extras``, connector/blend/state.py) is a BlendState gets the KV of all its prompt tokens but the last
 written into fresh pages by the blender, proposed as an *approximate* PrefixExtension (its leading
 exact part: the exact prefix already loaded, or BOS + system prompt). The engine's normal step then
 feeds the last token over the blended cache and samples, so sampling, stop rules, streaming, TTFT
@@ -26,7 +26,6 @@ in full.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -38,12 +37,11 @@ from connector.blend.metrics import BlendMetrics
 from connector.blend.quality_gate import ProbeState, QualityGate, ShadowProber
 from connector.blend.ratio import RecomputeRatio
 from connector.blend.spec import SELECT_MODES, BlendSpec
-from connector.blend.state import BlendState, BlendStats
+from connector.blend.state import BlendState, BlendStats, blend_state
 from engine.env import EnvDeclaration
 from engine.errors import ConfigError
 from engine.hooks import PageSource, PrefixExtension
 from engine.request import Request
-from engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +157,7 @@ class BlendHook:
 
     # -- admission hook -----------------------------------------------------------------------
     def propose(self, req: Request, pages: PageSource) -> PrefixExtension | None:
-        st = req.blend
+        st = blend_state(req)
         if not isinstance(st, BlendState):
             return None
         spec = st.spec
@@ -214,7 +212,7 @@ class BlendHook:
         """The quality gate's part: a finished blend request may start a probe, a finished shadow
         completes one. (Blended pages need nothing: the scheduler keeps them out of the radix tree
         and offloads.)"""
-        st = req.blend
+        st = blend_state(req)
         if isinstance(st, ProbeState):
             self.prober.on_shadow_finish(req, st.probe, blended_side=False)
         elif isinstance(st, BlendState):
@@ -227,9 +225,3 @@ class BlendHook:
         close = getattr(self.blender.chunks.store, "close", None)
         if close is not None:
             close()
-
-    def add_request(self, spec: BlendSpec, params: SamplingParams | None = None, rid: str | None = None,
-                    cache_salt: str | None = None) -> str:
-        """engine.add_request for a blend spec (prompt = the segments' concatenation)."""
-        return self._engine.add_request(spec.prompt_ids, params, rid=rid or uuid.uuid4().hex, cache_salt=cache_salt,
-                                        blend=BlendState(spec))

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from connector.blend.agreement import lcs_f1
 from connector.blend.metrics import BlendMetrics
-from connector.blend.state import BlendState
+from connector.blend.state import BlendState, blend_extras, blend_state
 from engine.errors import EngineError
 from engine.request import HookState, Request
 from engine.sampling import SamplingParams
@@ -112,7 +112,7 @@ class Probe:
 
 @dataclass
 class ProbeState(HookState):
-    """The ``blend`` slot of a full-prefill shadow: the hook prefills it like any plain request."""
+    """CacheBlend's state of a full-prefill shadow: the hook prefills it like any plain request."""
 
     probe: Probe
 
@@ -163,12 +163,12 @@ class ShadowProber:
     def _shadow(self, req: Request, state: HookState, salt: str | None, n: int) -> None:
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         self._engine.add_request(req.prompt_ids, params, rid=f"gate-{uuid.uuid4().hex}", cache_salt=salt,
-                                 blend=state)
+                                 extras=blend_extras(state))
 
     def on_shadow_finish(self, req: Request, probe: Probe, blended_side: bool) -> None:
         """A shadow finished: fill its side; a complete probe becomes a sample."""
         if blended_side:
-            st = req.blend
+            st = blend_state(req)
             if isinstance(st, BlendState) and st.stats is None:
                 probe.void = True
                 self.gate.metrics.gate_void += 1
