@@ -62,7 +62,7 @@ def attach_tierkv(engine, address: str | ConnectorConfig, prefill: PrefillModel 
                   **overrides: object) -> KVConnector:
     """Connect ``engine`` to a kvstore daemon: admission hook, evict listener, /metrics."""
     cfg = address if isinstance(address, ConnectorConfig) else ConnectorConfig.from_env(address, **overrides)
-    conn = KVConnector(engine, cfg, prefill=prefill)
+    conn = KVConnector(engine.view, cfg, prefill=prefill)
     engine.evict_listeners.append(conn.on_evict)
     engine.step_listeners.append(conn.on_step)
     engine.metric_collectors.extend(conn.metrics.collectors())
@@ -96,7 +96,7 @@ def chunk_store(engine, config: BlendConfig) -> ChunkStore:
 def attach_cacheblend(engine, config: BlendConfig | None = None, store: ChunkStore | None = None) -> BlendHook:
     """Add the CacheBlend hook (raises BlendUnsupportedError if the model fails the RoPE self-check)."""
     config = config or BlendConfig()
-    hook = BlendHook(engine, config, store if store is not None else chunk_store(engine, config))
+    hook = BlendHook(engine.view, config, store if store is not None else chunk_store(engine, config))
     engine.metric_collectors.append(BlendCollector(hook.metrics))
     _install(engine, hook)
     return hook

@@ -19,16 +19,28 @@ engine thread, in ``start`` or ``poll``; they belong to the hook's worker until 
 and then come back in the extension, to be applied or freed by the scheduler. Loading hooks run before
 the plain ones (which propose at admission, once the loads are in).
 
-The order of hooks is set by the composition root (connector/wiring.py), not here.
+Hooks are built with an ``EngineView`` (what they read of the engine, nothing else), and what a
+hook wants to run itself goes through the view's ``submit``: it is admitted after the step, never
+from inside a scheduler method. The order of hooks is set by the composition root
+(connector/wiring.py), not here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # engine-internal types only
+    import torch
+
+    from engine.forward_batch import ForwardBatch
+    from engine.kv_pool import KVPool
+    from engine.model import LlamaModel
+    from engine.model_loader import ModelArch
     from engine.request import HookState, Request
+    from engine.sampling import SamplingParams
+    from engine.shared_prefix import SharedPrefixes
 
 
 class PrefixExtension(NamedTuple):
@@ -53,6 +65,33 @@ class PageSource(Protocol):
 
     def free(self, pages: Sequence[int]) -> None:
         """Give back pages taken with ``alloc`` and not handed over in an extension."""
+
+
+class Submit(Protocol):
+    """Queue a request from a plug-in (the quality gate's shadows): checked at once (EngineError:
+    nothing queued), admitted after the step it was submitted in, never from inside a scheduler call."""
+
+    def __call__(self, prompt_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,
+                 cache_salt: str | None = None, extras: Mapping[str, HookState] | None = None) -> str: ...
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What a plug-in is built with: exactly what connector/ reads of the engine, never the engine.
+
+    A hook reads and writes only the pool pages it holds (taken from ``pages``, or handed to it in a
+    request); ``pages`` also serves scratch pages outside a hook call (start-up measurements)."""
+
+    arch: ModelArch  # the model's config
+    fingerprint: str  # of the loaded weights: namespaces KV keys and chunks
+    device: torch.device
+    dtype: torch.dtype  # of the weights and the KV
+    pool: KVPool  # the pool tensors (page size, bytes per page, read/write of pages)
+    model: LlamaModel  # its layers (CacheBlend runs them itself)
+    forward: Callable[[ForwardBatch], torch.Tensor]  # one forward pass over the pool (logits)
+    shared: SharedPrefixes  # the prefixes every tenant shares (engine/shared_prefix.py; maybe none)
+    pages: PageSource
+    submit: Submit
 
 
 class AdmissionHook(Protocol):

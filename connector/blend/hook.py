@@ -40,7 +40,7 @@ from connector.blend.spec import SELECT_MODES, BlendSpec
 from connector.blend.state import BlendState, BlendStats, blend_state
 from engine.env import EnvDeclaration
 from engine.errors import ConfigError
-from engine.hooks import PageSource, PrefixExtension
+from engine.hooks import EngineView, PageSource, PrefixExtension
 from engine.request import Request
 
 log = logging.getLogger(__name__)
@@ -135,21 +135,20 @@ def reuse_split(spec: BlendSpec, start: int, end: int, recomputed: torch.Tensor,
 
 
 class BlendHook:
-    def __init__(self, engine, config: BlendConfig | None = None, store: ChunkStore | None = None,
+    def __init__(self, view: EngineView, config: BlendConfig | None = None, store: ChunkStore | None = None,
                  metrics: BlendMetrics | None = None) -> None:
         self.cfg = config or BlendConfig()
-        self.arch = engine.arch
-        self.pool = engine.pool
+        self.arch = view.arch
+        self.pool = view.pool
         self.metrics = metrics or BlendMetrics()
         store = store if store is not None else InProcessChunkStore(self.cfg.chunk_store_bytes)
         # raises BlendUnsupportedError if the self-check fails: the engine must not start with it
-        self.blender = Blender(engine.model, engine.loaded.fingerprint, store, self.metrics)
+        self.blender = Blender(view.model, view.fingerprint, store, self.metrics)
         self._computed = _ComputeLog(self.blender.chunks.compute)
         self.blender.chunks.compute = self._computed
-        self._engine = engine
         c = self.cfg
         self.gate = QualityGate(c.gate_fraction, c.gate_threshold, c.gate_window, c.gate_min_samples, self.metrics)
-        self.prober = ShadowProber(engine, self.gate, c.gate_tokens, c.gate_max_inflight)
+        self.prober = ShadowProber(view.submit, self.gate, c.gate_tokens, c.gate_max_inflight)
 
     def _fallback(self, req: Request, why: str) -> None:
         log.warning("request %s: %s; prefilling it in full", req.rid, why)

@@ -6,15 +6,21 @@ tiny Llama."""
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError, fields
+
 import pytest
 import torch
 
 from engine.cache_manager import CacheManager, HookPages
-from engine.hooks import PageSource, PrefixExtension
+from engine.engine import LLMEngine
+from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.hooks import EngineView, PageSource, PrefixExtension
 from engine.kv_pool import KVPool
 from engine.radix_cache import RadixCache
 from engine.request import Request
 from engine.sampling import SamplingParams
+from engine.scheduler import Scheduler
+from tests.fixtures_engine import make_engine
 
 PS = 16
 
@@ -165,3 +171,83 @@ def test_hooks_get_a_two_method_page_source_not_the_cache(cache: CacheManager) -
     assert got is not None and cache.pool.allocator.num_used() == 2
     pages.free(got)
     assert cache.pool.allocator.num_used() == 0
+
+
+# -- admission on a real engine: hooks propose once, through the page source; submissions wait ----
+class _Recorder:
+    """A plain hook built with the engine's view: records what it is handed; ``on_finish`` of the
+    request named ``follow_up_of`` submits a follow-up request, and notes what the engine held then."""
+
+    def __init__(self, view: EngineView, follow_up_of: str | None = None) -> None:
+        self.view, self.follow_up_of = view, follow_up_of
+        self.pages: list[object] = []
+        self.proposed: list[str] = []
+        self.seen_inside_finish: list[bool] = []
+        self.engine: LLMEngine | None = None  # the test's, to look at (the hook never uses it)
+
+    def propose(self, req: Request, pages: PageSource) -> PrefixExtension | None:
+        self.pages.append(pages)
+        self.proposed.append(req.rid)
+        return None
+
+    def on_finish(self, req: Request) -> None:
+        if req.rid == self.follow_up_of:
+            self.view.submit(req.prompt_ids, SamplingParams(max_tokens=2, ignore_eos=True), rid="follow-up")
+            assert self.engine is not None
+            sched = self.engine.scheduler
+            self.seen_inside_finish.append("follow-up" in self.engine.requests
+                                           or any(r.rid == "follow-up" for r in sched.waiting))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_hook_proposes_once_per_admission_through_the_page_source(tiny) -> None:
+    eng = make_engine(tiny, num_threads=0)
+    hook = _Recorder(eng.view)
+    eng.hooks = [hook]
+    eng.generate([_prompt(40), _prompt(40, seed=1)], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(hook.proposed) == 2 and len(set(hook.proposed)) == 2  # once per request
+    assert all(p is eng.scheduler.cache.pages for p in hook.pages)  # the HookPages, not the scheduler
+    assert not isinstance(hook.pages[0], (Scheduler, CacheManager))
+
+
+def test_the_view_is_what_plugins_read_not_the_engine(tiny) -> None:
+    eng = make_engine(tiny, num_threads=0)
+    view = eng.view
+    assert not any(isinstance(getattr(view, f.name), (LLMEngine, Scheduler, CacheManager)) for f in fields(view))
+    assert view.pool is eng.pool and view.arch is eng.arch and view.pages is eng.scheduler.cache.pages
+    with pytest.raises(FrozenInstanceError):
+        view.pool = None  # type: ignore[misc]
+
+
+def test_a_submission_from_inside_finish_is_admitted_after_the_step(tiny) -> None:
+    eng = make_engine(tiny, num_threads=0)
+    hook = _Recorder(eng.view, follow_up_of="first")
+    hook.engine = eng
+    eng.hooks = [hook]
+    first = eng.requests[eng.add_request(_prompt(30), SamplingParams(max_tokens=2, ignore_eos=True), rid="first")]
+    while not first.finished:
+        eng.step()
+    assert hook.seen_inside_finish == [False]  # not queued while Scheduler.finish ran
+    assert "follow-up" in eng.requests and eng.has_unfinished()  # queued once the step returned
+    follow = eng.requests["follow-up"]
+    while not follow.finished:
+        eng.step()
+    assert follow.output_ids and not eng.has_unfinished()
+    assert hook.proposed == ["first", "follow-up"]
+
+
+def test_a_submission_is_checked_at_once_and_can_be_aborted(tiny) -> None:
+    eng = make_engine(tiny, num_threads=0)
+    with pytest.raises(PromptTooLongError):
+        eng.view.submit(_prompt(64 * 16), SamplingParams(max_tokens=4))
+    with pytest.raises(InvalidRequestError):
+        eng.view.submit([], SamplingParams())
+    rid = eng.view.submit(_prompt(20), SamplingParams(max_tokens=2), rid="s")
+    with pytest.raises(InvalidRequestError, match="duplicate"):
+        eng.add_request(_prompt(20), SamplingParams(), rid=rid)
+    assert eng.has_unfinished() and rid not in eng.requests and not eng.scheduler.waiting
+    eng.abort(rid)
+    assert not eng.has_unfinished()
+    assert eng.step() == [] and rid not in eng.requests

@@ -258,3 +258,35 @@ def test_a_shadow_that_does_not_fit_skips_the_sample(tiny4) -> None:
     req = eng.requests[rid]
     _drain(eng)
     assert req.finish_reason == "length" and hook.metrics.gate_skipped == 1 and not hook.prober.inflight
+
+
+def test_shadows_are_admitted_after_the_step_not_inside_finish(tiny4, monkeypatch) -> None:
+    """The hook's on_finish runs inside Scheduler.finish: the shadows it starts are submitted through
+    the engine view and join the queue when the step is over, never from inside the scheduler."""
+    eng, hook = _gated_engine(tiny4, ShiftingStore())
+    sched = eng.scheduler
+    inside, added = [False], []
+    finish, add = sched.finish, sched.add
+
+    def finish_spy(req, reason):
+        inside[0] = True
+        try:
+            finish(req, reason)
+        finally:
+            inside[0] = False
+
+    def add_spy(req):
+        added.append((req.rid, inside[0]))
+        add(req)
+
+    monkeypatch.setattr(sched, "finish", finish_spy)
+    monkeypatch.setattr(sched, "add", add_spy)
+    req = eng.requests[add_blend_request(eng, _spec(tiny4.tokenizer, 0)[1], SamplingParams(max_tokens=2))]
+    while not req.finished:
+        eng.step()
+    shadows = [rid for rid, _ in added if rid.startswith("gate-")]
+    assert shadows and hook.prober.inflight  # a probe started: its shadows are queued ...
+    assert all(rid in eng.requests for rid in shadows)  # ... by the time the step returned ...
+    assert not any(during for _, during in added)  # ... and none from inside finish
+    _drain(eng)
+    assert not hook.prober.inflight and hook.metrics.gate_samples == 1
