@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from connector.calibrate import calibrate_prefill
 
     t0 = time.monotonic()
-    b.prefill = calibrate_prefill(b.engine(256))  # once, on an empty pool, before any server starts
+    b.prefill = calibrate_prefill(b.engine(256).view)  # once, on an empty pool, before any server starts
     result["calibration_s"] = time.monotonic() - t0
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tierkv-e2e-")))

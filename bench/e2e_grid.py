@@ -30,6 +30,7 @@ import uuid
 
 from bench import e2e_figures as fig
 from bench.e2e_support import Bench, offload_prefix, run
+from connector.state import kv_state
 
 log = logging.getLogger("bench.e2e")
 
@@ -86,7 +87,7 @@ def _case(b: Bench, eng, address: str, ids: list[int], salt: str, load_first: bo
             "throttle_bytes_per_s": throttle or None, "decision": auto.outcome, "pages": auto.pages,
             "predicted_load_ttft_s": load_all.predicted_total_s, "predicted_load_s": load_all.predicted_load_s,
             "measured_load_ttft_s": t_load,
-            "measured_load_s": statistics.median(r.kv.load_s for _, r in runs["always"]),
+            "measured_load_s": statistics.median(kv_state(r).load_s for _, r in runs["always"]),
             "predicted_recompute_s": auto.predicted_recompute_s, "measured_recompute_ttft_s": t_rec,
             "reps": reps, "measured_load_ttft_runs": load_runs, "measured_recompute_ttft_runs": rec_runs,
             "predicted_ratio": load_all.predicted_total_s / auto.predicted_recompute_s,

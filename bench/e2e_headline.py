@@ -23,6 +23,7 @@ import numpy as np
 
 from bench import e2e_figures as fig
 from bench.e2e_support import Bench, loaded_by_tier, memcpy_bandwidth, offload_prefix, run
+from connector.state import kv_state
 from connector.wiring import detach_tierkv
 
 log = logging.getLogger("bench.e2e")
@@ -58,13 +59,13 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
             outputs[tier] = r.output_ids
             if r.output_ids != want:
                 mismatches.add(tier)
-            d = r.kv.decision if r.kv is not None else None
+            d = kv_state(r).decision if kv_state(r) is not None else None
             decisions[tier] = d._asdict() if d else None
             if tier == "cpu":
                 kv_bytes = (d.pages if d else 0) * eng2.pool.bytes_per_page
             if i:
                 ts[tier].append(t)
-                warm_runs.setdefault(tier, []).append({"ttft_s": t, "load_s": r.kv.load_s if r.kv is not None else None})
+                warm_runs.setdefault(tier, []).append({"ttft_s": t, "load_s": kv_state(r).load_s if kv_state(r) is not None else None})
         if i:  # a full prefill on an empty radix tree, which leaves the prefix cached for the next run
             eng.radix.reset()
             t, _, r = run(eng, ids, 8, salt)

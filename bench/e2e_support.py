@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from connector.wiring import attach_tierkv, detach_tierkv
+from connector.wiring import attach_tierkv, connector_of, detach_tierkv
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.request import Request, Status
@@ -50,8 +50,9 @@ class Bench:
     def detach(self, eng: LLMEngine) -> None:
         """Detach the engine's connector, keeping its prefill model: the online correction it
         learned from the engine's steps belongs to the engine, as in a long-running server."""
-        if eng.connector is not None:
-            self.prefill = eng.connector.cost.prefill
+        conn = connector_of(eng)
+        if conn is not None:
+            self.prefill = conn.cost.prefill
         detach_tierkv(eng)
 
     def text(self, n: int) -> list[int]:

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_daemon(Path(tmp) / "cpu", "--cpu", "4GiB") as address:
         result["load"] = load_bandwidth(address, loaded.arch, device, a.pages, a.reps)
         b = Bench(loaded, threads=torch.get_num_threads())
-        b.prefill = calibrate_prefill(b.engine(256))
+        b.prefill = calibrate_prefill(b.engine(256).view)
         h = headline(b, {"cpu": address}, a.doc_tokens, a.reps)
     result["ttft"] = {"prompt_tokens": h["prompt_tokens"], "cold_ttft_s": h["cold_ttft_s"],
                       "warm_ttft_cpu_tier_s": h["warm_ttft_s"]["cpu"], "speedup": h["speedup_cpu"],

@@ -56,8 +56,8 @@ def measure(b: Bench, address: str, prefix: int, rest: int, reps: int) -> dict:
     try:
         keys = conn.keyspace.keys(ids, None)
         n = len(keys)
-        load_pages = eng.scheduler.alloc(n)
-        fwd_pages = eng.scheduler.alloc(-(-(prefix + rest) // 16))
+        load_pages = eng.scheduler.cache.alloc(n)
+        fwd_pages = eng.scheduler.cache.alloc(-(-(prefix + rest) // 16))
         assert load_pages is not None and fwd_pages is not None
         new = b.text(rest)
         samples: dict[str, list[float]] = {"load": [], "forward": [], "both": []}

@@ -14,11 +14,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from connector.config import CALIBRATION_ENV
 from connector.cost_model import PrefillModel
 from connector.dtypes import to_block_array
 from connector.loader import Loader
 from connector.offload import LAYOUT
 from engine.forward_batch import ForwardBatch
+from engine.hooks import EngineView
 from kvstore.block import encode_block
 from kvstore.client.client import KVStoreClient
 
@@ -29,45 +31,45 @@ PREFILL_SAMPLES = ((16, 0), (64, 0), (256, 0), (384, 0), (128, 512), (128, 1024)
 _PREFILL_CACHE: dict[tuple, PrefillModel] = {}
 
 
-def _with_scratch(engine, n_pages: int, fn: Callable[[list[int]], float]) -> float | None:
-    pages = engine.scheduler.alloc(n_pages)  # the PageSource hooks use
+def _with_scratch(view: EngineView, n_pages: int, fn: Callable[[list[int]], float]) -> float | None:
+    pages = view.pages.alloc(n_pages)  # the PageSource hooks use
     if pages is None:
         return None
     try:
         return fn(pages)
     finally:
-        engine.scheduler.free(pages)
+        view.pages.free(pages)
 
 
-def time_prefill(engine, new: int, ctx: int) -> float | None:
+def time_prefill(view: EngineView, new: int, ctx: int) -> float | None:
     """Seconds of one forward pass feeding ``new`` tokens after ``ctx`` cached ones (garbage KV)."""
-    ps = engine.pool.page_size
+    ps = view.pool.page_size
     n_pages = -(-(new + ctx) // ps)
-    ids = [int(x) for x in np.random.default_rng(new + ctx).integers(100, engine.arch.vocab_size - 1, new)]
+    ids = [int(x) for x in np.random.default_rng(new + ctx).integers(100, view.arch.vocab_size - 1, new)]
 
     def run(pages: list[int]) -> float:
-        batch = ForwardBatch.build([(ids, ctx, pages)], ps, engine.device, logits="last")
+        batch = ForwardBatch.build([(ids, ctx, pages)], ps, view.device, logits="last")
         t0 = time.perf_counter()
         with torch.inference_mode():
-            engine.model.forward(batch, engine.pool, engine.attn)
-        if engine.device.type == "cuda":
+            view.forward(batch)
+        if view.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    return _with_scratch(engine, n_pages, run)
+    return _with_scratch(view, n_pages, run)
 
 
-def calibrate_prefill(engine, samples=PREFILL_SAMPLES, cache: bool = True, repeats: int = 2) -> PrefillModel:
+def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = True, repeats: int = 2) -> PrefillModel:
     """Fit a + b*new + c*new*ctx over a few timed prefills (cached per model/device/dtype/threads)."""
-    key = (engine.loaded.fingerprint, str(engine.device), str(engine.dtype), torch.get_num_threads(),
-           os.environ.get("TIERKV_CONNECTOR_CALIBRATION", ""))
+    key = (view.fingerprint, str(view.device), str(view.dtype), torch.get_num_threads(),
+           os.environ.get(CALIBRATION_ENV, ""))
     if cache and key in _PREFILL_CACHE:
         return _PREFILL_CACHE[key]
     t0 = time.perf_counter()
-    time_prefill(engine, 16, 0)  # warm-up
+    time_prefill(view, 16, 0)  # warm-up
     points = []
     for new, ctx in samples:
-        runs = [t for t in (time_prefill(engine, new, ctx) for _ in range(repeats)) if t is not None]
+        runs = [t for t in (time_prefill(view, new, ctx) for _ in range(repeats)) if t is not None]
         if runs:
             points.append((new, ctx, min(runs)))  # the min: other processes only ever add time
     if len(points) < 3:
@@ -80,10 +82,10 @@ def calibrate_prefill(engine, samples=PREFILL_SAMPLES, cache: bool = True, repea
     return model
 
 
-def probe_daemon(client: KVStoreClient, loader: Loader, engine, n_blocks: int = 16,
+def probe_daemon(client: KVStoreClient, loader: Loader, view: EngineView, n_blocks: int = 16,
                  deadline_s: float = 5.0) -> tuple[str, float, float] | None:
     """Latency and bandwidth of a load from the daemon's first tier: (tier, latency s, bytes/s)."""
-    pool = engine.pool
+    pool = view.pool
     rng = np.random.default_rng()
     keys = [b"tierkv-probe-" + rng.bytes(8) for _ in range(n_blocks)]
     shape = pool.block_shape()
@@ -99,7 +101,7 @@ def probe_daemon(client: KVStoreClient, loader: Loader, engine, n_blocks: int = 
         def timed(n: int) -> float:
             best = float("inf")
             for _ in range(3):
-                t = _with_scratch(engine, n, lambda pages: loader.load(keys[:n], pages, deadline_s,
+                t = _with_scratch(view, n, lambda pages: loader.load(keys[:n], pages, deadline_s,
                                                                        in_place=found.in_place).seconds)
                 if t is None:
                     return float("nan")

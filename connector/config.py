@@ -1,12 +1,14 @@
-"""The connector's one frozen configuration object, validated on construction."""
+"""The connector's one frozen configuration object, validated on construction, and the environment
+variables it reads (``ENV``: what kvengine and the daemon judge ``TIERKV_CONNECTOR_*`` by)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.env import env_overrides
+from engine.env import EnvDeclaration
 
 LOAD_MODES = ("auto", "always", "never")
+CALIBRATION_ENV = "TIERKV_CONNECTOR_CALIBRATION"  # part of the prefill model's cache key (connector/calibrate.py)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class ConnectorConfig:
     @staticmethod
     def from_env(address: str, **overrides: object) -> ConnectorConfig:
         """Defaults < TIERKV_CONNECTOR_* environment < explicit overrides."""
-        kw = env_overrides(ConnectorConfig, "TIERKV_CONNECTOR_", skip=("address", "prefill_coeffs", "use_shm"))
+        kw = ENV.overrides()
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return ConnectorConfig(address=address, **kw)  # type: ignore[arg-type]
+
+
+ENV = EnvDeclaration("TIERKV_CONNECTOR_", ConnectorConfig, skip=("address", "prefill_coeffs", "use_shm"),
+                     extra=(CALIBRATION_ENV,))

@@ -28,8 +28,8 @@ from connector.loader import Loader
 from connector.metrics import ConnectorMetrics
 from connector.offload import KnownKeys, Offloader
 from connector.staging import StagedPages
-from connector.state import KVState
-from engine.hooks import NOTHING, LoadPoll, PageSource
+from connector.state import SLOT, KVState, kv_state
+from engine.hooks import NOTHING, EngineView, LoadPoll, PageSource
 from engine.radix_cache import EvictedNode
 from engine.request import Request
 from kvstore.client.client import KVStoreClient
@@ -54,14 +54,14 @@ class LoadPlan(NamedTuple):
 
 
 class KVConnector:
-    def __init__(self, engine, config: ConnectorConfig, prefill: PrefillModel | None = None) -> None:
-        self.engine = engine
+    def __init__(self, view: EngineView, config: ConnectorConfig, prefill: PrefillModel | None = None) -> None:
+        self.view = view
         self.cfg = config
-        self.pool = engine.pool
-        self.page_size = engine.pool.page_size
+        self.pool = view.pool
+        self.page_size = view.pool.page_size
         self.metrics = ConnectorMetrics()
-        self.keyspace = KeySpace(engine.loaded.fingerprint, engine.arch.model_type, self.page_size, engine.pool.dtype,
-                                 shared=engine.radix.shared)  # the pages the radix tree shares: keyed shared too
+        self.keyspace = KeySpace(view.fingerprint, view.arch.model_type, self.page_size, view.pool.dtype,
+                                 shared=view.shared)  # the pages the radix tree shares: keyed shared too
         self.known = KnownKeys(config.known_keys)
         one_try = Retry(attempts=1)
         self._load_client = KVStoreClient(config.address, deadline_s=config.lookup_deadline_s, retry=one_try,
@@ -81,7 +81,7 @@ class KVConnector:
             if config.calibrate:
                 from connector.calibrate import calibrate_prefill
 
-                prefill = calibrate_prefill(engine)
+                prefill = calibrate_prefill(view)
             else:
                 prefill = PrefillModel(*config.prefill_coeffs)
         self.cost = CostModel(prefill, self.pool.bytes_per_page, self.page_size, config.ewma_alpha,
@@ -95,7 +95,7 @@ class KVConnector:
         from connector.calibrate import probe_daemon
 
         try:
-            res = probe_daemon(self._load_client, self.loader, self.engine)
+            res = probe_daemon(self._load_client, self.loader, self.view)
         except KVStoreError as e:
             log.warning("kvstore daemon probe failed (%s); using default tier seeds", e)
             return
@@ -111,10 +111,10 @@ class KVConnector:
         log.warning("kvstore daemon unusable (%s); recomputing for %.1fs", why, self.cfg.down_backoff_s)
 
     def _state(self, req: Request) -> KVState:
-        if req.kv is None:
-            req.kv = KVState()
-        assert isinstance(req.kv, KVState)
-        return req.kv
+        st = kv_state(req)
+        if st is None:
+            st = req.extras[SLOT] = KVState()
+        return st
 
     def _keys(self, req: Request, n_pages: int) -> list[BlockKey]:
         st = self._state(req)

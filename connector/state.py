@@ -1,4 +1,4 @@
-"""What the KV connector keeps per request, in the request's declared ``kv`` slot."""
+"""What the KV connector keeps per request, under its key (``SLOT``) in ``Request.extras``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from dataclasses import dataclass, field, replace
 from connector.attribution import UNAVAILABLE, DaemonView, attribute
 from connector.cost_model import Decision
 from connector.fetch import Fetch
-from engine.request import HookState, PromptUsage
+from engine.request import HookState, PromptUsage, Request
 from kvstore.keys import BlockKey
 
 log = logging.getLogger(__name__)
+
+SLOT = "tierkv"  # the connector's key in Request.extras
 
 
 @dataclass
@@ -54,3 +56,10 @@ class KVState(HookState):
         except ValueError as e:  # never fail a request over its accounting
             log.error("page attribution skipped: %s", e)
             return usage
+
+
+def kv_state(req: Request) -> KVState | None:
+    """The connector's state of ``req`` (None: the connector never looked at it)."""
+    st = req.extras.get(SLOT)
+    assert st is None or isinstance(st, KVState)
+    return st

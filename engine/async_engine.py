@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from engine.engine import LLMEngine
@@ -31,7 +31,7 @@ class _Add:
     prompt_ids: list[int]
     params: SamplingParams
     cache_salt: str | None
-    blend: HookState | None
+    extras: Mapping[str, HookState] | None
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     t0: float
@@ -73,12 +73,13 @@ class AsyncEngine:
         self.engine.scheduler.check_fits(len(prompt_ids), params.max_tokens)
 
     async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                       cache_salt: str | None = None, blend: HookState | None = None) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None,
+                       extras: Mapping[str, HookState] | None = None) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request (call validate() first for an early, synchronous 400)."""
         if self.dead is not None:
             raise EngineDeadError(f"engine loop died: {self.dead!r}")
         sink: asyncio.Queue = asyncio.Queue()
-        self._cmds.put(_Add(rid, prompt_ids, params, cache_salt, blend, sink, asyncio.get_running_loop(),
+        self._cmds.put(_Add(rid, prompt_ids, params, cache_salt, extras, sink, asyncio.get_running_loop(),
                             time.monotonic()))
         self._wake.set()
         finished = False
@@ -107,7 +108,7 @@ class AsyncEngine:
         eng = self.engine
         if isinstance(cmd, _Add):
             try:
-                eng.add_request(cmd.prompt_ids, cmd.params, rid=cmd.rid, cache_salt=cmd.cache_salt, blend=cmd.blend)
+                eng.add_request(cmd.prompt_ids, cmd.params, rid=cmd.rid, cache_salt=cmd.cache_salt, extras=cmd.extras)
                 self._sinks[cmd.rid] = cmd
                 self.metrics.prompt_tokens.inc(len(cmd.prompt_ids))
             except EngineError as e:

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import fields
 from importlib.metadata import PackageNotFoundError, version
 
 from engine import plugins
-from engine.config import ENV_PREFIX, EngineConfig
-from engine.env import parse_size
+from engine.config import ENV, ENV_PREFIX, EngineConfig
+from engine.env import EnvDeclaration, parse_size
 from engine.errors import ConfigError
 
 log = logging.getLogger("kvengine")
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
-ENV_REGISTRY = "kvstore.env_names"  # every TIERKV_* name any tierkv program reads; reached by name, like a plug-in
+#: the plug-in ``serve`` attaches for `documents` / `blend_separator` requests (``--no-blend``: none)
+DOCUMENTS_PLUGIN = "cacheblend"
 
 
 def _field_help(text: str, field: str, shown: object = None) -> str:
@@ -60,25 +61,37 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
-def unknown_env_warnings(environ: dict[str, str] | None = None) -> list[str]:
-    """One line per TIERKV_* variable no tierkv program reads, with the closest real name.
+def _misspelt_family(var: str, decl: EnvDeclaration) -> bool:
+    """``var`` is one of ``decl``'s variables under a misspelt prefix (TIERKV_ENGIN_PAGE_SIZE)."""
+    for name in decl.names():
+        field = name[len(decl.prefix):] if name.startswith(decl.prefix) else ""
+        if field and var.endswith(field) and var != name and \
+                difflib.SequenceMatcher(None, var[: -len(field)], decl.prefix).ratio() >= 0.75:
+            return True
+    return False
 
-    The full list lives with the daemon (kvstore/env_names.py), imported by name only when some
-    TIERKV_* variable is set; without it (engine installed alone) only TIERKV_ENGINE_* is judged."""
+
+def unknown_env_warnings(declared: Sequence[EnvDeclaration] = (ENV,), environ: dict[str, str] | None = None) -> list[str]:
+    """One line per TIERKV_* variable that belongs to what is loaded and is no variable of it, with the
+    closest real name.
+
+    ``declared``: the engine's own declaration and those of the plug-ins it loads (engine/plugins.py
+    ``env_declarations``). A variable is judged if it has the prefix of one of them, or is one of
+    their variables under a misspelt prefix; any other TIERKV_* variable belongs to another program
+    (the kvstore daemon, a plug-in not loaded) and is left to it."""
     environ = dict(os.environ if environ is None else environ)
     ours = sorted(v for v in environ if v.startswith("TIERKV_"))
     if not ours:
         return []
-    try:
-        return importlib.import_module(ENV_REGISTRY).unknown(environ)
-    except ImportError:
-        own = [f"{ENV_PREFIX}{f.name.upper()}" for f in fields(EngineConfig)]
-        lines = []
-        for var in (v for v in ours if v.startswith(ENV_PREFIX) and v not in own):
-            match = difflib.get_close_matches(var, own, n=1, cutoff=0.75)
-            lines.append(f"unknown environment variable {var} ignored" + (f" (did you mean {match[0]}?)" if match
-                                                                          else ""))
-        return lines
+    known = sorted(set().union(*(d.names() for d in declared)))
+    prefixes = tuple(d.prefix for d in declared)
+    lines = []
+    for var in ours:
+        if var in known or not (var.startswith(prefixes) or any(_misspelt_family(var, d) for d in declared)):
+            continue
+        match = difflib.get_close_matches(var, known, n=1, cutoff=0.75)
+        lines.append(f"unknown environment variable {var} ignored" + (f" (did you mean {match[0]}?)" if match else ""))
+    return lines
 
 
 def package_version() -> str:
@@ -135,14 +148,22 @@ def _serve_address(a: argparse.Namespace) -> tuple[str, int]:
     return host_port(a.listen, "--listen") if a.listen else (a.host, a.port)
 
 
-def _check_plugins(a: argparse.Namespace, cfg: EngineConfig) -> None:
-    """The plug-ins these flags ask for exist and accept their environment (ValueError if not)."""
+def _plugins_wanted(a: argparse.Namespace, cfg: EngineConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """The plug-ins these flags ask for, with their arguments (ConfigError for a bad address)."""
+    wanted: list[tuple[str, tuple[str, ...]]] = []
     kvstore = a.kvstore or cfg.kvstore
     if kvstore:
         host_port(kvstore, "--kvstore")
-        plugins.check(cfg.kv_connector, kvstore)
+        wanted.append((cfg.kv_connector, (kvstore,)))
     if a.cmd == "serve" and not a.no_blend:
-        plugins.check("cacheblend")
+        wanted.append((DOCUMENTS_PLUGIN, ()))
+    return wanted
+
+
+def _check_plugins(wanted: Sequence[tuple[str, tuple[str, ...]]]) -> None:
+    """The plug-ins these flags ask for exist and accept their environment (ValueError if not)."""
+    for name, args in wanted:
+        plugins.check(name, *args)
 
 
 def _check(a: argparse.Namespace, cfg: EngineConfig) -> int:
@@ -169,11 +190,11 @@ def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
     from engine.server import create_app
 
     engine = build_engine(cfg, a.kvstore)
-    blend = None if a.no_blend else plugins.resolve("cacheblend")(engine)  # before AsyncEngine: collectors
+    documents = None if a.no_blend else plugins.resolve(DOCUMENTS_PLUGIN)(engine)  # before AsyncEngine: collectors
     aengine = AsyncEngine(engine)
     aengine.start()
     name = a.served_model_name or cfg.served_model_name or engine.loaded.name
-    app = create_app(aengine, name, blend=blend)
+    app = create_app(aengine, name, documents=documents)
     host, port = _serve_address(a)
     if a.metrics_listen:  # /metrics also on its own address (the API's port keeps serving it too)
         from prometheus_client import start_http_server
@@ -242,15 +263,17 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "urllib3", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    for line in unknown_env_warnings():
-        log.warning("%s", line)
     try:
         cfg = _config(a)
         if a.cmd == "serve":
             _serve_address(a)
             if a.metrics_listen:
                 host_port(a.metrics_listen, "--metrics-listen")
-        _check_plugins(a, cfg)  # before the model loads: a bad TIERKV_* value is one line, not a traceback
+        wanted = _plugins_wanted(a, cfg)
+        declared = [ENV, *(d for name, _ in wanted for d in plugins.env_declarations(name))]
+        for line in unknown_env_warnings(declared):
+            log.warning("%s", line)
+        _check_plugins(wanted)  # before the model loads: a bad TIERKV_* value is one line, not a traceback
         if cfg.shared_prefix_file:
             from engine.shared_prefix import read_entries
 

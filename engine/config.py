@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.env import env_overrides, parse_size
+from engine.env import EnvDeclaration, parse_size
 
 ENV_PREFIX = "TIERKV_ENGINE_"  # TIERKV_ENGINE_<FIELD> sets a field (a flag overrides it)
 
@@ -47,8 +47,11 @@ class EngineConfig:
     @staticmethod
     def from_env(**overrides: object) -> EngineConfig:
         """Defaults < TIERKV_ENGINE_* environment < explicit overrides (CLI flags)."""
-        env = env_overrides(EngineConfig, ENV_PREFIX)
+        env = ENV.overrides()
         env.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(env.get("kv_memory"), str):
             env["kv_memory"] = parse_size(env["kv_memory"])  # type: ignore[arg-type]
         return EngineConfig(**env)  # type: ignore[arg-type]
+
+
+ENV = EnvDeclaration(ENV_PREFIX, EngineConfig)  # the variables the engine itself reads

@@ -6,7 +6,8 @@ requests whose pending tokens are all fed, applies stop rules and returns per-re
 from a background thread (engine/async_engine.py). A step with nothing to run while loads are in
 flight (requests LOADING, engine/admission.py) waits until a load has news (``wake``, at most
 ``IDLE_WAIT_S``) instead of spinning: on a small machine a spinning loop would take the CPU the
-loads need.
+loads need. Plug-ins are built with ``view`` (engine/hooks.py ``EngineView``), never with the engine;
+what they ``submit`` joins the queue between steps.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from prometheus_client.registry import Collector
 
 from engine.attention import select_backend
 from engine.config import EngineConfig
-from engine.errors import InvalidRequestError
+from engine.errors import EngineError, InvalidRequestError
 from engine.forward_batch import ForwardBatch
-from engine.hooks import AdmissionHook, KVConnectorPlugin
+from engine.hooks import AdmissionHook, EngineView, KVConnectorPlugin, LoadingHook
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.model_loader import LoadedModel, load_model
@@ -75,14 +77,16 @@ class LLMEngine:
         #: seconds (forward and sampling) — what the connector's prefill model learns from
         self.step_listeners: list[Callable[[list[tuple[int, int]], float], None]] = []
         self.metric_collectors: list[Collector] = []  # of plug-ins, served on /metrics
-        self.connector: KVConnectorPlugin | None = None
-        self.blend: AdmissionHook | None = None
         self.attn = select_backend(config.attention_backend, self.device)
         self.max_model_len = config.max_model_len or self.arch.max_position_embeddings
         self.scheduler = Scheduler(config, self.pool, self.radix, self.max_model_len)
         self.stop = StopChecker(self.tokenizer, self.arch.eos_token_ids)
         self.requests: dict[str, Request] = {}
+        self._submitted: deque[Request] = deque()  # by plug-ins (``submit``): admitted after the step
         self.default_generator = torch.Generator().manual_seed(config.seed)
+        #: what plug-ins are built with (connector/wiring.py): never this engine itself
+        self.view = EngineView(self.arch, self.loaded.fingerprint, self.device, self.dtype, self.pool, self.model,
+                               self._forward, self.radix.shared, self.scheduler.cache.pages, self.submit)
         log.info("engine ready: %s on %s/%s, %d pages x %d tokens, attention=%s", self.loaded.name,
                  self.device, self.dtype, num_pages, config.page_size, self.attn.name)
 
@@ -92,21 +96,23 @@ class LLMEngine:
             fn(nodes)
 
     def close_plugins(self, grace_s: float) -> bool:
-        """Shutdown: flush the connector's staged offloads (at most ``grace_s``), close the plug-ins.
-        False if the flush timed out (what was still staged is dropped)."""
+        """Shutdown: each hook in order flushes its staged offloads (a KV connector: at most
+        ``grace_s``) and is closed. False if a flush timed out (what was still staged is dropped)."""
         ok = True
-        if self.connector is not None:
-            ok = self.connector.flush(grace_s)
-            log.info("staged KV offloads %s", "flushed" if ok else f"NOT flushed within {grace_s:.0f}s")
-            self.connector.close()
-        if self.blend is not None:
-            self.blend.close()
+        for hook in self.hooks:
+            if isinstance(hook, KVConnectorPlugin):
+                flushed = hook.flush(grace_s)
+                log.info("staged KV offloads %s", "flushed" if flushed else f"NOT flushed within {grace_s:.0f}s")
+                ok = ok and flushed
+            hook.close()
         return ok
 
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model.forward(batch, self.pool, self.attn)
+
     # -- requests ----------------------------------------------------------------------
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    rid: str | None = None, cache_salt: str | None = None, blend: HookState | None = None) -> str:
-        """Queue a request; ``blend`` is a CacheBlend request's state (see connector/blend/state.py)."""
+    def _request(self, prompt: str | Sequence[int], params: SamplingParams | None, rid: str | None,
+                 cache_salt: str | None, extras: Mapping[str, HookState] | None) -> Request:
         params = params or SamplingParams()
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
@@ -114,20 +120,57 @@ class LLMEngine:
         if any(t < 0 or t >= self.arch.vocab_size for t in ids):
             raise InvalidRequestError(f"token ids must be in [0, {self.arch.vocab_size})", "prompt")
         rid = rid or uuid.uuid4().hex
-        if rid in self.requests:
+        if rid in self.requests or any(r.rid == rid for r in self._submitted):
             raise InvalidRequestError(f"duplicate request id {rid}")
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.default_generator
-        req = Request(rid, list(ids), params, cache_salt=cache_salt, generator=gen, blend=blend)
+        return Request(rid, list(ids), params, cache_salt=cache_salt, generator=gen, extras=dict(extras or {}))
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    rid: str | None = None, cache_salt: str | None = None,
+                    extras: Mapping[str, HookState] | None = None) -> str:
+        """Queue a request; ``extras``: its plug-ins' state, each under its plug-in's key (``Request.extras``)."""
+        req = self._request(prompt, params, rid, cache_salt, extras)
         self.scheduler.add(req)  # raises PromptTooLongError before anything is held
-        self.requests[rid] = req
-        return rid
+        self.requests[req.rid] = req
+        return req.rid
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,
+               cache_salt: str | None = None, extras: Mapping[str, HookState] | None = None) -> str:
+        """A plug-in's request (engine/hooks.py ``Submit``): checked now (EngineError: nothing queued),
+        admitted after the current step, so a hook never re-enters the scheduler (its ``on_finish`` runs
+        inside ``Scheduler.finish``)."""
+        req = self._request(prompt_ids, params, rid, cache_salt, extras)
+        self.scheduler.check_fits(len(req.prompt_ids), req.params.max_tokens)
+        self._submitted.append(req)
+        return req.rid
+
+    def _admit_submitted(self) -> None:
+        """Between steps: the plug-ins' submissions join the queue, in order."""
+        while self._submitted:
+            req = self._submitted.popleft()
+            try:
+                self.scheduler.add(req)
+            except EngineError as e:
+                log.warning("%s: submitted request dropped: %s", req.rid, e)
+                continue
+            self.requests[req.rid] = req
 
     def abort(self, rid: str) -> None:
         self.scheduler.abort(rid)
         self.requests.pop(rid, None)
+        self._submitted = deque(r for r in self._submitted if r.rid != rid)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._submitted)
+
+    @property
+    def hooks(self) -> list[AdmissionHook | LoadingHook]:
+        """The admission hooks, in the order the composition root set (loading hooks first)."""
+        return self.scheduler.admitter.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: Sequence[AdmissionHook | LoadingHook]) -> None:
+        self.scheduler.admitter.hooks = hooks
 
     @property
     def wake(self) -> threading.Event:
@@ -136,6 +179,14 @@ class LLMEngine:
 
     # -- one step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step; what plug-ins submitted before it (between steps) or during it joins the queue
+        after the scheduler is done with its calls."""
+        self._admit_submitted()
+        outs = self._step()
+        self._admit_submitted()
+        return outs
+
+    def _step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         if not plan:
             if self.scheduler.waiting_on_loads():

@@ -1,10 +1,15 @@
 """One way to read a frozen config dataclass from ``PREFIX_FIELD`` environment variables.
 
-Used by the engine (TIERKV_ENGINE_*) and the connector (TIERKV_CONNECTOR_*); the kvstore daemon
+Used by the engine (TIERKV_ENGINE_*) and its plug-ins (each with its own prefix); the kvstore daemon
 has its own YAML + env loader (kvstore/config/store_config.py). Values are coerced by the field's declared type
 (int, float, bool, str; a field named like ``*_memory``/``*_bytes`` of type int also takes sizes
 such as 512Mi: Kubernetes units, G = 10^9, Gi = 2^30, bare numbers are bytes, lowercase refused as
 ambiguous). A bad value is one clear line naming the variable.
+
+An ``EnvDeclaration`` says which variables one program or plug-in reads (its prefix, its config
+dataclass, a few whole names): the engine declares its own (engine/config.py), each plug-in
+declares its own on its factory (engine/plugins.py ``declares_env``), and the unknown-variable
+warnings are computed from the declarations of what is loaded.
 
 engine/ imports neither kvstore/ nor connector/ (tests/engine/test_imports.py), so the size rule is
 written here a second time; tests/kvstore/test_sizes.py holds both to the same table.
@@ -16,7 +21,7 @@ import math
 import os
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from decimal import Decimal
 
 from engine.errors import ConfigError
@@ -77,3 +82,22 @@ def env_overrides(cls: type, prefix: str, skip: Collection[str] = (),
         except (ValueError, ConfigError) as e:
             raise ConfigError(f"{var}={raw!r}: {e}") from None
     return out
+
+
+@dataclass(frozen=True)
+class EnvDeclaration:
+    """The ``TIERKV_*`` variables one program or plug-in reads: ``{prefix}{FIELD}`` for each field of the
+    dataclass ``config`` but those in ``skip``, and the whole names in ``extra``."""
+
+    prefix: str
+    config: type
+    skip: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+
+    def names(self) -> frozenset[str]:
+        fields_ = {f"{self.prefix}{f.name.upper()}" for f in fields(self.config) if f.name not in self.skip}
+        return frozenset(fields_ | set(self.extra))
+
+    def overrides(self, environ: Mapping[str, str] | None = None) -> dict[str, object]:
+        """The config fields this environment sets (``env_overrides``)."""
+        return env_overrides(self.config, self.prefix, skip=self.skip, environ=environ)

@@ -5,11 +5,11 @@ radix match (``propose``). It may take fresh pages from the narrow ``PageSource`
 hands it and write KV into them (that is its job), and it returns a ``PrefixExtension``: those
 pages, how many tokens of KV they now hold (starting at ``req.num_computed``), and whether that KV
 is exact (equal to a prefill: it may be shared through the radix tree and offloaded) or
-approximate (CacheBlend: never cached). The scheduler alone then applies it
-(``Scheduler.apply_extension``): page references, radix insert and re-lock, the exact/approximate
-boundary. A hook never touches the allocator's refcounts, the radix tree or the request's fields
-owned by the scheduler; it reads the request and keeps its own state in its declared slot
-(``Request.kv`` / ``Request.blend``).
+approximate (CacheBlend: never cached). The scheduler's CacheManager alone then applies it
+(engine/cache_manager.py ``apply_extension``): page references, radix insert and re-lock, the
+exact/approximate boundary (nothing follows approximate KV). A hook never touches the allocator's
+refcounts, the radix tree or the request's fields owned by the scheduler; it reads the request and
+keeps its own state under its own key in ``Request.extras``.
 
 A *loading* hook (``LoadingHook``: the KV connector) fetches off the engine thread instead: the
 scheduler asks it to ``start`` as soon as a request is queued (prefetch), polls it once per step on
@@ -19,16 +19,28 @@ engine thread, in ``start`` or ``poll``; they belong to the hook's worker until 
 and then come back in the extension, to be applied or freed by the scheduler. Loading hooks run before
 the plain ones (which propose at admission, once the loads are in).
 
-The order of hooks is set by the composition root (connector/wiring.py), not here.
+Hooks are built with an ``EngineView`` (what they read of the engine, nothing else), and what a
+hook wants to run itself goes through the view's ``submit``: it is admitted after the step, never
+from inside a scheduler method. The order of hooks is set by the composition root
+(connector/wiring.py), not here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # engine-internal types only
+    import torch
+
+    from engine.forward_batch import ForwardBatch
+    from engine.kv_pool import KVPool
+    from engine.model import LlamaModel
+    from engine.model_loader import ModelArch
     from engine.request import HookState, Request
+    from engine.sampling import SamplingParams
+    from engine.shared_prefix import SharedPrefixes
 
 
 class PrefixExtension(NamedTuple):
@@ -46,13 +58,40 @@ class PrefixExtension(NamedTuple):
 
 
 class PageSource(Protocol):
-    """The only pool access a hook gets: fresh pages (evicting radix leaves if needed)."""
+    """The only pool access a hook gets (engine/cache_manager.py ``HookPages``, not the scheduler)."""
 
-    page_size: int
+    def alloc(self, n: int) -> list[int] | None:
+        """``n`` fresh pages, evicting radix leaves if needed (one reference each); None if too few."""
 
-    def alloc(self, n: int) -> list[int] | None: ...
+    def free(self, pages: Sequence[int]) -> None:
+        """Give back pages taken with ``alloc`` and not handed over in an extension."""
 
-    def free(self, pages: Sequence[int]) -> None: ...
+
+class Submit(Protocol):
+    """Queue a request from a plug-in (the quality gate's shadows): checked at once (EngineError:
+    nothing queued), admitted after the step it was submitted in, never from inside a scheduler call."""
+
+    def __call__(self, prompt_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,
+                 cache_salt: str | None = None, extras: Mapping[str, HookState] | None = None) -> str: ...
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What a plug-in is built with: exactly what connector/ reads of the engine, never the engine.
+
+    A hook reads and writes only the pool pages it holds (taken from ``pages``, or handed to it in a
+    request); ``pages`` also serves scratch pages outside a hook call (start-up measurements)."""
+
+    arch: ModelArch  # the model's config
+    fingerprint: str  # of the loaded weights: namespaces KV keys and chunks
+    device: torch.device
+    dtype: torch.dtype  # of the weights and the KV
+    pool: KVPool  # the pool tensors (page size, bytes per page, read/write of pages)
+    model: LlamaModel  # its layers (CacheBlend runs them itself)
+    forward: Callable[[ForwardBatch], torch.Tensor]  # one forward pass over the pool (logits)
+    shared: SharedPrefixes  # the prefixes every tenant shares (engine/shared_prefix.py; maybe none)
+    pages: PageSource
+    submit: Submit
 
 
 class AdmissionHook(Protocol):
@@ -101,6 +140,7 @@ class LoadingHook(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class KVConnectorPlugin(LoadingHook, Protocol):
     """A KV connector is a loading hook whose staged offloads can be flushed at shutdown."""
 
@@ -108,11 +148,12 @@ class KVConnectorPlugin(LoadingHook, Protocol):
         """Send every staged offload; False if ``timeout_s`` passed first."""
 
 
+class DocumentPrompts(Protocol):
+    """What the HTTP server asks of the plug-in that serves requests with ``documents`` (chat) or a
+    ``blend_separator`` (completions): the prompt ids, and the request's plug-in state
+    (``Request.extras``)."""
 
-class BlendRequests(Protocol):
-    """What the HTTP server asks of CacheBlend: the prompt ids and the request's blend state."""
+    def chat(self, messages: list[dict], documents: list[str],
+             ratio: float | None) -> tuple[list[int], Mapping[str, HookState]]: ...
 
-    def chat(self, messages: list[dict], documents: list[str], ratio: float | None) -> tuple[list[int], HookState]:
-        ...
-
-    def plain(self, prompt: str, separator: str, ratio: float | None) -> tuple[list[int], HookState]: ...
+    def plain(self, prompt: str, separator: str, ratio: float | None) -> tuple[list[int], Mapping[str, HookState]]: ...

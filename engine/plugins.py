@@ -7,7 +7,10 @@ installed packages, then the built-in table below. A name that is itself ``"modu
 used as is. A factory is called with the engine and its arguments and installs itself. A factory may
 carry a ``check_config`` attribute: called with the factory's arguments minus the engine, it
 validates what the plug-in would read from the environment and raises ValueError
-(``kvengine ... --check-config``, and before the model loads).
+(``kvengine ... --check-config``, and before the model loads). A factory may also carry
+``declares_env``: the engine/env.py ``EnvDeclaration`` (or a tuple of them) of every ``TIERKV_*``
+variable the plug-in reads; ``kvengine`` judges unknown variables by its own declaration and those
+of the plug-ins it loads (``env_declarations``), so the engine never lists a plug-in's variables.
 
 Built-in plug-ins:
   tierkv      ``factory(engine, address)`` -> the tierkv KV connector on a kvstore daemon
@@ -21,6 +24,7 @@ import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
+from engine.env import EnvDeclaration
 from engine.errors import ConfigError
 
 GROUP = "tierkv.plugins"
@@ -69,3 +73,9 @@ def check(name: str, *args: object) -> None:
     check_config = getattr(resolve(name), "check_config", None)
     if check_config is not None:
         check_config(*args)
+
+
+def env_declarations(name: str) -> tuple[EnvDeclaration, ...]:
+    """The environment variables plug-in ``name`` declares it reads (its factory's ``declares_env``)."""
+    declared = getattr(resolve(name), "declares_env", ())
+    return (declared,) if isinstance(declared, EnvDeclaration) else tuple(declared)

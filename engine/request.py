@@ -20,10 +20,11 @@ from engine.sampling import SamplingParams
 
 
 class PageOutcome(NamedTuple):
-    """How many of a prompt's pages had one cache outcome (``reason``) at one tier (connector/attribution.py)."""
+    """How many of a prompt's pages had one cache outcome at one tier, as the plug-in that judged them
+    says (the engine only carries them into the usage)."""
 
-    reason: str  # radix | loaded | absent | evicted | after_gap | read_failed | unavailable | bypassed | tail
-    tier: str | None  # the daemon tier involved (None: none)
+    reason: str  # the outcome, named by the plug-in
+    tier: str | None  # where the plug-in found the pages (None: nowhere, or no tiers)
     pages: int
 
 
@@ -51,7 +52,7 @@ class PromptUsage:
     selected: int = 0  #   recomputed because the plug-in's selection picked them
     fresh: int = 0  #   computed for this request by the plug-in (its chunk store missed)
     page_size: int = 0  # of ``pages``
-    pages: tuple[PageOutcome, ...] = ()  # why each prompt page hit or missed the exact caches (a KV connector's)
+    pages: tuple[PageOutcome, ...] = ()  # why each prompt page hit or missed the exact caches (a plug-in's)
 
     def __post_init__(self) -> None:
         parts = (self.radix, self.loaded, self.reused_exact, self.reused_approx, self.selected, self.fresh)
@@ -83,7 +84,7 @@ class PromptUsage:
 
 
 class HookState:
-    """Base of a plug-in's per-request state (a declared slot on Request, not a dict of keys)."""
+    """Base of a plug-in's per-request state, kept in ``Request.extras`` under the plug-in's own key."""
 
     def account(self, usage: PromptUsage) -> PromptUsage:
         """Refine the scheduler's usage with what only this plug-in knows (a tier, what it reused);
@@ -129,11 +130,11 @@ class Request:
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     text: str = ""  # detokenized output so far (after stop-string truncation)
-    cache_limit: int | None = None  # KV past this many tokens is approximate (set by Scheduler.apply_extension)
+    cache_limit: int | None = None  # KV past this many tokens is approximate (set by CacheManager.apply_extension)
     admission: Admission | None = None  # set from the prefix match until the request runs (the scheduler's)
-    # per-request state of the plug-ins, each owned by its hook (the engine never looks inside)
-    kv: HookState | None = None  # the KV connector's (connector/state.py KVState)
-    blend: HookState | None = None  # a CacheBlend request's (connector/blend/state.py BlendState)
+    #: per-request state of the plug-ins, each under the key its plug-in chose and owned by it (the
+    #: engine never looks inside; it asks each to ``account`` for the usage, in insertion order)
+    extras: dict[str, HookState] = field(default_factory=dict)
 
     @property
     def cached_tokens(self) -> int:

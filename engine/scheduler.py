@@ -18,13 +18,20 @@ while it is LOADING the step loop goes on with everyone else. The hook order is 
 root's; loading hooks come first.
 A finished request gives its full pages to the radix cache; a preempted one does too, so its
 recompute can hit whatever survives eviction.
+
+The scheduler owns the queues (``waiting``, ``running``) and the step plan; it holds the
+CacheManager (engine/cache_manager.py: every page, radix lock and applied proposal) and the
+Admitter (engine/admission.py: the hooks and the loads in flight) rather than being either.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 
 from engine.admission import Admitter
+from engine.cache_manager import CacheManager
 from engine.config import EngineConfig
 from engine.errors import PromptTooLongError
 from engine.kv_pool import KVPool
@@ -34,15 +41,23 @@ from engine.request import Request, Status
 log = logging.getLogger(__name__)
 
 
-class Scheduler(Admitter):
+class Scheduler:
     def __init__(self, config: EngineConfig, pool: KVPool, radix: RadixCache, max_model_len: int) -> None:
-        super().__init__(config, pool, radix)
+        self.cfg = config
+        self.cache = CacheManager(pool, radix)
+        self.admitter = Admitter(config, self.cache, self._prefill_ahead)
+        self.waiting: deque[Request] = deque()  # queued, LOADING ones included, in arrival order
+        self.running: list[Request] = []
         self.max_model_len = max_model_len
         self.num_preemptions = 0
 
+    @property
+    def wake(self) -> threading.Event:
+        return self.admitter.wake
+
     # -- queue management ---------------------------------------------------------------
     def capacity_tokens(self) -> int:
-        return self.pool.num_pages * self.pool.page_size
+        return self.cache.capacity_tokens()
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         total = prompt_len + max_tokens
@@ -58,14 +73,29 @@ class Scheduler(Admitter):
     def add(self, req: Request) -> None:
         self.check_fits(len(req.prompt_ids), req.params.max_tokens)
         self.waiting.append(req)
-        self._begin(req)  # prefetch: the loads start now, not when the request reaches the head
+        self.admitter.begin(req)  # prefetch: the loads start now, not when the request reaches the head
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.draining)
+        return bool(self.waiting or self.running or self.admitter.draining)
 
     def waiting_on_loads(self) -> bool:
         """Loads are in flight (a step with nothing to run should wait on ``wake``, not spin)."""
-        return bool(self.loading or self.draining)
+        return self.admitter.busy()
+
+    def _prefill_ahead(self, req: Request) -> list[tuple[int, int]]:
+        """(tokens to feed, tokens cached) of the prefill work ahead of ``req``: running prefills and
+        the queued requests before it that are not loading (a loading one's share is not known yet)."""
+        ahead = [(r.remaining, r.num_computed) for r in self.running if r.remaining > 1]
+        for r in self.waiting:
+            if r is req:
+                break
+            if r.status is Status.WAITING:
+                ahead.append((r.num_tokens - r.num_computed, r.num_computed))
+        return ahead
+
+    def _reclaim(self) -> bool:
+        """The newest queued request holding a prefix (not a loading one) gives it back."""
+        return self.cache.reclaim(r for r in reversed(self.waiting) if r.status is Status.WAITING)
 
     def finish(self, req: Request, reason: str) -> None:
         req.status = Status.FINISHED
@@ -74,23 +104,17 @@ class Scheduler(Admitter):
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-            if req in self.loading:  # its hook's worker may still write into the load's pages
-                self.loading.remove(req)
-                hook = req.admission.loading if req.admission is not None else None
-                assert hook is not None
-                hook.cancel(req)
-                self.draining.append((req, hook))
+            self.admitter.cancel(req)  # its hook's worker may still write into the load's pages
         if req.pages:
-            for hook in self._hooks:
-                hook.on_finish(req)
+            self.admitter.on_finish(req)
         if req.pages or req.radix_node is not None:
-            self._release(req, cache=True)
+            self.cache.release(req, cache=True)
         req.admission = None
 
     def preempt(self, req: Request) -> None:
         log.info("preempting %s (%d tokens computed) to free pages", req.rid, req.num_computed)
         self.running.remove(req)
-        self._release(req, cache=True)
+        self.cache.release(req, cache=True)
         req.num_computed = 0
         req.admission = None
         req.num_preemptions += 1
@@ -107,18 +131,19 @@ class Scheduler(Admitter):
 
     # -- the step plan ------------------------------------------------------------------
     def schedule(self) -> list[tuple[Request, int]]:
-        self.wake.clear()  # a load finishing from here on wakes the next wait
-        if self.loading or self.draining:
-            self._poll_loads()
-        if self._n_loading:
-            self._prefetch()
+        adm, cache = self.admitter, self.cache
+        adm.wake.clear()  # a load finishing from here on wakes the next wait
+        if adm.busy():
+            adm.poll()
+        if adm.prefetches:
+            adm.prefetch(self.waiting)
         plan: list[tuple[Request, int]] = []
         budget = self.cfg.max_prefill_tokens
         # 1. decodes, oldest first; take back queued prefixes, then preempt the newest, when pages run out
         for req in sorted((r for r in self.running if r.remaining == 1), key=lambda r: r.arrival):
             if req.status is not Status.RUNNING:
                 continue
-            while not self._grow(req, req.num_tokens):
+            while not cache.grow(req, req.num_tokens):
                 if self._reclaim():
                     continue
                 victims = [r for r in self.running if r is not req and r.status is Status.RUNNING]
@@ -135,7 +160,7 @@ class Scheduler(Admitter):
             if budget <= 0:
                 break
             n = min(req.remaining, budget)
-            if not self._grow(req, req.num_computed + n):
+            if not cache.grow(req, req.num_computed + n):
                 continue
             plan.append((req, n))
             budget -= n
@@ -145,14 +170,14 @@ class Scheduler(Admitter):
                 break
             if req.status is Status.LOADING:
                 continue
-            if req.radix_node is None and self._n_loading:
-                if not self._begin(req):
+            if req.radix_node is None and adm.prefetches:
+                if not adm.begin(req):
                     break  # no fetch slot: it starts loading when one frees, in order
                 if req.status is Status.LOADING:
                     continue
-            self._admit(req)
+            adm.admit(req)
             n = min(req.remaining, budget)
-            if not self._grow(req, req.num_computed + n):
+            if not cache.grow(req, req.num_computed + n):
                 break  # it keeps its prefix until pages free (or they are reclaimed below)
             self.waiting.remove(req)
             req.admission = None

@@ -3,7 +3,7 @@
 /v1/completions, /v1/chat/completions (tokenizer chat template), SSE streaming, usage with
 prompt_tokens_details.cached_tokens (only prompt tokens whose KV was not computed for the request)
 and its split in the extension ``prompt_tokens_details.tierkv`` (with ``pages``: each prompt page's
-cache outcome, when a KV connector is attached), /v1/models, /health, /metrics. Errors are OpenAI-shaped
+cache outcome, when a plug-in judged them), /v1/models, /health, /metrics. Errors are OpenAI-shaped
 400s; a client that disconnects has its request aborted so its pages are freed.
 """
 
@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from engine.async_engine import AsyncEngine
 from engine.errors import EngineDeadError, InvalidRequestError
-from engine.hooks import BlendRequests
+from engine.hooks import DocumentPrompts
 from engine.protocol import ChatRequest, CompletionRequest
 from engine.request import HookState, RequestOutput
 
@@ -46,7 +46,7 @@ def _usage(out: RequestOutput) -> dict[str, Any]:
     if u is not None:
         details["tierkv"] = {"cached": u.cached_by_source(), "computed": u.computed_by_source(),
                              "daemon_tier": u.loaded_tier}
-        if u.pages:  # why each prompt page hit or missed (connector/attribution.py)
+        if u.pages:  # why each prompt page hit or missed, as the plug-in that judged them says
             details["tierkv"]["pages"] = {
                 "page_size": u.page_size, "total": sum(p.pages for p in u.pages),
                 "outcomes": [{"reason": p.reason, "tier": p.tier, "pages": p.pages} for p in u.pages]}
@@ -74,9 +74,10 @@ def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def create_app(aengine: AsyncEngine, model_name: str, blend: BlendRequests | None = None,
+def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts | None = None,
                max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """blend: CacheBlend's request builders (the "cacheblend" plug-in); None refuses `documents` requests."""
+    """documents: the request builders of the plug-in that serves `documents` and `blend_separator`
+    requests (kvengine serve's: CacheBlend); None refuses them."""
     app = FastAPI(title="tierkv engine", max_body_size=max_body_bytes)
     eng = aengine.engine
     tok = eng.tokenizer
@@ -142,19 +143,19 @@ def create_app(aengine: AsyncEngine, model_name: str, blend: BlendRequests | Non
     async def completions(body: CompletionRequest, http: Request) -> Any:
         _check_model(body.model)
         prompt = body.prompt_input()
-        state = None
+        extras: Mapping[str, HookState] | None = None
         if body.blend_separator is not None:
-            if blend is None:
+            if documents is None:
                 raise InvalidRequestError("CacheBlend is not available on this server", "blend_separator")
             if not isinstance(prompt, str):
                 raise InvalidRequestError("blend_separator needs a text prompt", "prompt")
-            ids, state = blend.plain(prompt, body.blend_separator, body.blend_ratio)
+            ids, extras = documents.plain(prompt, body.blend_separator, body.blend_ratio)
         else:
             ids = _tokenize_prompt(prompt)
         params = body.sampling(default_max=16)
         rid = f"cmpl-{uuid.uuid4().hex}"
         aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, blend=state)
+        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extras=extras)
         if body.stream:
             def chunks(out: RequestOutput) -> list[dict[str, Any]]:
                 base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name}
@@ -169,28 +170,28 @@ def create_app(aengine: AsyncEngine, model_name: str, blend: BlendRequests | Non
                 "choices": [{"index": 0, "text": text, "finish_reason": out.finish_reason, "logprobs": None}],
                 "usage": _usage(out)}
 
-    def _chat_prompt(body: ChatRequest) -> tuple[list[int], HookState | None]:
+    def _chat_prompt(body: ChatRequest) -> tuple[list[int], Mapping[str, HookState] | None]:
         msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
         if not msgs:
             raise InvalidRequestError("messages must not be empty", "messages")
         if not getattr(tok, "chat_template", None):  # else transformers raises ValueError: a 500
             raise InvalidRequestError(f"model {model_name!r} has no chat template: use /v1/completions", "messages")
         if body.documents:
-            if blend is None:
+            if documents is None:
                 raise InvalidRequestError("CacheBlend is not available on this server", "documents")
-            return blend.chat(msgs, body.documents, body.blend_ratio)
+            return documents.chat(msgs, body.documents, body.blend_ratio)
         text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         return tok(text, add_special_tokens=False)["input_ids"], None
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, http: Request) -> Any:
         _check_model(body.model)
-        ids, state = _chat_prompt(body)
+        ids, extras = _chat_prompt(body)
         room = min(eng.max_model_len, eng.scheduler.capacity_tokens()) - len(ids)
         params = body.sampling(default_max=max(1, min(CHAT_DEFAULT_MAX, room)))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, blend=state)
+        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extras=extras)
         if body.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "model": model_name}
             head = [{**base, "created": int(time.time()),

@@ -4,9 +4,9 @@ Daemon and engine often share a shell (and a compose file's ``x-`` anchors), so 
 must not warn about ``TIERKV_ENGINE_KV_MEMORY`` and ``kvengine`` must not warn about
 ``TIERKV_CPU``; a misspelt one (``TIERKV_CPUS``) is warned by both, with the closest real name.
 Names come from the programs themselves: the daemon's option table and StoreConfig fields, the
-clients' variables (kvstore/server/auth.py), and the ``PREFIX_FIELD`` dataclasses of engine/env.py's users
-(imported only when a variable with their prefix is set: the CacheBlend one imports torch).
-A new variable read outside these places belongs in EXTRA.
+clients' variables (kvstore/server/auth.py), and the ``EnvDeclaration`` (engine/env.py) the engine and each
+of its plug-ins declares for its own variables (imported only when a variable with their prefix is
+set: the CacheBlend one imports torch). A new variable read outside these places belongs in EXTRA.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from dataclasses import fields
 PREFIX = "TIERKV_"
 CLIENT = ("TIERKV_TOKEN", "TIERKV_TOKEN_FILE", "TIERKV_TLS_CA", "TIERKV_CLIENT_CERT", "TIERKV_CLIENT_KEY",
           "TIERKV_CACHE_DIR")  # kvstore/server/auth.py (every client and the daemon)
-EXTRA = ("TIERKV_CONFIG", "TIERKV_CONNECTOR_CALIBRATION", "TIERKV_GPU_CHECK_MODEL")
-# prefix -> (module, dataclass, fields not read from the environment): engine/env.py's env_overrides users
+EXTRA = ("TIERKV_CONFIG", "TIERKV_GPU_CHECK_MODEL")
+# prefix -> "module:attr" of the EnvDeclaration of the program or plug-in that reads it
 PREFIXED = {
-    "TIERKV_ENGINE_": ("engine.config", "EngineConfig", ()),
-    "TIERKV_CONNECTOR_": ("connector.config", "ConnectorConfig", ("address", "prefill_coeffs", "use_shm")),
-    "TIERKV_BLEND_": ("connector.blend.hook", "BlendConfig", ("recompute",)),
+    "TIERKV_ENGINE_": "engine.config:ENV",
+    "TIERKV_CONNECTOR_": "connector.config:ENV",
+    "TIERKV_BLEND_": "connector.blend.hook:ENV",
 }
 
 
@@ -38,10 +38,12 @@ def daemon_names() -> set[str]:
 def known(environ: Mapping[str, str]) -> set[str]:
     """The names any tierkv program reads (each prefixed family loaded only if ``environ`` uses it)."""
     names = daemon_names() | set(CLIENT) | set(EXTRA)
-    for prefix, (module, cls, skip) in PREFIXED.items():
+    for prefix, target in PREFIXED.items():
         if any(v.startswith(prefix) for v in environ):
-            dc = getattr(importlib.import_module(module), cls)
-            names |= {f"{prefix}{f.name.upper()}" for f in fields(dc) if f.name not in skip}
+            module, _, attr = target.partition(":")
+            declared = getattr(importlib.import_module(module), attr)
+            assert declared.prefix == prefix, (target, declared.prefix)
+            names |= declared.names()
     return names
 
 

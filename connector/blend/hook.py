@@ -1,6 +1,6 @@
 """Engine integration: an admission hook that proposes a blend request's prompt KV at admission.
 
-A request whose ``blend`` slot holds a BlendState gets the KV of all its prompt tokens but the last
+A request whose CacheBlend state (``Request.extras``, connector/blend/state.py) is a BlendState gets the KV of all its prompt tokens but the last
 written into fresh pages by the blender, proposed as an *approximate* PrefixExtension (its leading
 exact part: the exact prefix already loaded, or BOS + system prompt). The engine's normal step then
 feeds the last token over the blended cache and samples, so sampling, stop rules, streaming, TTFT
@@ -26,7 +26,6 @@ in full.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -38,12 +37,11 @@ from connector.blend.metrics import BlendMetrics
 from connector.blend.quality_gate import ProbeState, QualityGate, ShadowProber
 from connector.blend.ratio import RecomputeRatio
 from connector.blend.spec import SELECT_MODES, BlendSpec
-from connector.blend.state import BlendState, BlendStats
-from engine.env import env_overrides
+from connector.blend.state import BlendState, BlendStats, blend_state
+from engine.env import EnvDeclaration
 from engine.errors import ConfigError
-from engine.hooks import PageSource, PrefixExtension
+from engine.hooks import EngineView, PageSource, PrefixExtension
 from engine.request import Request
-from engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +85,14 @@ class BlendConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> BlendConfig:
         """Defaults < ``TIERKV_BLEND_*`` environment variables < ``overrides``; a bad value is one line."""
-        kw = {**env_overrides(cls, "TIERKV_BLEND_", skip=("recompute",), environ=environ), **overrides}
+        kw = {**ENV.overrides(environ), **overrides}
         try:
             return cls(**kw)  # type: ignore[arg-type]
         except ValueError as e:
             raise ConfigError(f"CacheBlend config (TIERKV_BLEND_*): {e}") from None
+
+
+ENV = EnvDeclaration("TIERKV_BLEND_", BlendConfig, skip=("recompute",))  # what CacheBlend reads from the environment
 
 
 class _ComputeLog:
@@ -134,21 +135,20 @@ def reuse_split(spec: BlendSpec, start: int, end: int, recomputed: torch.Tensor,
 
 
 class BlendHook:
-    def __init__(self, engine, config: BlendConfig | None = None, store: ChunkStore | None = None,
+    def __init__(self, view: EngineView, config: BlendConfig | None = None, store: ChunkStore | None = None,
                  metrics: BlendMetrics | None = None) -> None:
         self.cfg = config or BlendConfig()
-        self.arch = engine.arch
-        self.pool = engine.pool
+        self.arch = view.arch
+        self.pool = view.pool
         self.metrics = metrics or BlendMetrics()
         store = store if store is not None else InProcessChunkStore(self.cfg.chunk_store_bytes)
         # raises BlendUnsupportedError if the self-check fails: the engine must not start with it
-        self.blender = Blender(engine.model, engine.loaded.fingerprint, store, self.metrics)
+        self.blender = Blender(view.model, view.fingerprint, store, self.metrics)
         self._computed = _ComputeLog(self.blender.chunks.compute)
         self.blender.chunks.compute = self._computed
-        self._engine = engine
         c = self.cfg
         self.gate = QualityGate(c.gate_fraction, c.gate_threshold, c.gate_window, c.gate_min_samples, self.metrics)
-        self.prober = ShadowProber(engine, self.gate, c.gate_tokens, c.gate_max_inflight)
+        self.prober = ShadowProber(view.submit, self.gate, c.gate_tokens, c.gate_max_inflight)
 
     def _fallback(self, req: Request, why: str) -> None:
         log.warning("request %s: %s; prefilling it in full", req.rid, why)
@@ -156,14 +156,14 @@ class BlendHook:
 
     # -- admission hook -----------------------------------------------------------------------
     def propose(self, req: Request, pages: PageSource) -> PrefixExtension | None:
-        st = req.blend
+        st = blend_state(req)
         if not isinstance(st, BlendState):
             return None
         spec = st.spec
         if spec.prompt_ids != req.prompt_ids:
             self._fallback(req, "blend segments do not spell its prompt")
             return None
-        ps = pages.page_size
+        ps = self.pool.page_size
         m = req.num_computed  # exact prefix from the radix cache / connector (page-aligned)
         n = min(len(req.prompt_ids), req.num_tokens - 1)
         if m >= n:
@@ -211,7 +211,7 @@ class BlendHook:
         """The quality gate's part: a finished blend request may start a probe, a finished shadow
         completes one. (Blended pages need nothing: the scheduler keeps them out of the radix tree
         and offloads.)"""
-        st = req.blend
+        st = blend_state(req)
         if isinstance(st, ProbeState):
             self.prober.on_shadow_finish(req, st.probe, blended_side=False)
         elif isinstance(st, BlendState):
@@ -224,9 +224,3 @@ class BlendHook:
         close = getattr(self.blender.chunks.store, "close", None)
         if close is not None:
             close()
-
-    def add_request(self, spec: BlendSpec, params: SamplingParams | None = None, rid: str | None = None,
-                    cache_salt: str | None = None) -> str:
-        """engine.add_request for a blend spec (prompt = the segments' concatenation)."""
-        return self._engine.add_request(spec.prompt_ids, params, rid=rid or uuid.uuid4().hex, cache_salt=cache_salt,
-                                        blend=BlendState(spec))

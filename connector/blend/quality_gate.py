@@ -9,7 +9,9 @@ chosen deterministically: every 1/fraction-th one) is answered twice more, in th
 - each side the request itself did not produce greedily (``tokens`` of them at least: a short answer
   is too small a sample) is a *shadow request* on the same engine:
   an ordinary request (greedy, ``ignore_eos``, no client) queued behind the real one, so it never
-  delays that request's first token; its outputs go nowhere, and at most ``max_inflight`` probes
+  delays that request's first token; it is submitted through the engine view (engine/hooks.py
+  ``Submit``) from the hook's ``on_finish`` and joins the queue after the step, so the scheduler is
+  never re-entered from its own ``finish``; its outputs go nowhere, and at most ``max_inflight`` probes
   run at once (a sample is skipped beyond that), which bounds the extra work;
 - the full-prefill shadow shares the tenant's radix tree (its KV is exact); the blended shadow
   runs under a separate radix tree (``<salt> + SHADOW_SALT``) that only ever holds exact heads,
@@ -35,8 +37,9 @@ from dataclasses import dataclass
 
 from connector.blend.agreement import lcs_f1
 from connector.blend.metrics import BlendMetrics
-from connector.blend.state import BlendState
+from connector.blend.state import BlendState, blend_extras, blend_state
 from engine.errors import EngineError
+from engine.hooks import Submit
 from engine.request import HookState, Request
 from engine.sampling import SamplingParams
 
@@ -112,7 +115,7 @@ class Probe:
 
 @dataclass
 class ProbeState(HookState):
-    """The ``blend`` slot of a full-prefill shadow: the hook prefills it like any plain request."""
+    """CacheBlend's state of a full-prefill shadow: the hook prefills it like any plain request."""
 
     probe: Probe
 
@@ -122,8 +125,8 @@ class ShadowProber:
 
     Runs on the engine loop thread only (from the hook's ``on_finish``)."""
 
-    def __init__(self, engine, gate: QualityGate, tokens: int, max_inflight: int) -> None:
-        self._engine = engine
+    def __init__(self, submit: Submit, gate: QualityGate, tokens: int, max_inflight: int) -> None:
+        self._submit = submit  # the engine view's: a shadow joins the queue after the step
         self.gate = gate
         self.tokens = tokens
         self.max_inflight = max_inflight
@@ -162,13 +165,13 @@ class ShadowProber:
 
     def _shadow(self, req: Request, state: HookState, salt: str | None, n: int) -> None:
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        self._engine.add_request(req.prompt_ids, params, rid=f"gate-{uuid.uuid4().hex}", cache_salt=salt,
-                                 blend=state)
+        self._submit(req.prompt_ids, params, rid=f"gate-{uuid.uuid4().hex}", cache_salt=salt,
+                     extras=blend_extras(state))
 
     def on_shadow_finish(self, req: Request, probe: Probe, blended_side: bool) -> None:
         """A shadow finished: fill its side; a complete probe becomes a sample."""
         if blended_side:
-            st = req.blend
+            st = blend_state(req)
             if isinstance(st, BlendState) and st.stats is None:
                 probe.void = True
                 self.gate.metrics.gate_void += 1

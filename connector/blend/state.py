@@ -1,4 +1,5 @@
-"""What a CacheBlend request carries in its declared ``blend`` slot: the spec, then what was done."""
+"""What a CacheBlend request carries under CacheBlend's key (``SLOT``) in ``Request.extras``: the
+spec, then what was done (or, for the quality gate's full-prefill shadows, a ``ProbeState``)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from connector.blend.spec import BlendSpec
-from engine.request import HookState, PromptUsage
+from engine.request import HookState, PromptUsage, Request
 
 if TYPE_CHECKING:
     from connector.blend.quality_gate import Probe
+
+SLOT = "cacheblend"  # CacheBlend's key in Request.extras
 
 
 class BlendStats(NamedTuple):
@@ -39,3 +42,13 @@ class BlendState(HookState):
             return usage
         return replace(usage, reused_exact=s.reused_head, reused_approx=s.reused_documents,
                        selected=s.recomputed_documents, fresh=s.fresh)
+
+
+def blend_extras(state: HookState) -> dict[str, HookState]:
+    """A request's ``extras`` that make it CacheBlend's (a BlendState, or a quality-gate ProbeState)."""
+    return {SLOT: state}
+
+
+def blend_state(req: Request) -> HookState | None:
+    """CacheBlend's state of ``req`` (None: not a blend request)."""
+    return req.extras.get(SLOT)

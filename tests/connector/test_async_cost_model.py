@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from connector.cost_model import IDLE, CostModel, EngineLoad, PrefillModel
+from connector.state import kv_state
 from engine.request import Status
 from engine.sampling import SamplingParams
 from tests.connector.async_support import DAEMON_FLAGS, PS, HeldLoader, in_daemon_only
@@ -82,7 +83,7 @@ def test_a_load_held_on_the_stream_makes_the_next_request_recompute(tiny, tmp_pa
                 eng.step()
             assert conn.fetcher.inflight() == {"cpu": 24 * PAGE}
             b = run(eng, second)  # decided with 24 pages ahead of it on the stream: recompute
-            assert b.kv.decision.outcome == "recompute" and b.cached_tokens == 0 and b.output_ids == want_second
+            assert kv_state(b).decision.outcome == "recompute" and b.cached_tokens == 0 and b.output_ids == want_second
             assert conn.metrics.value("tierkv_connector_load_aware_changes_total", idle="load_all",
                                       outcome="recompute") == 1
             held.gate.set()
@@ -102,7 +103,7 @@ def test_a_long_prefill_running_makes_a_slow_load_worth_it(tiny, tmp_path: Path)
         try:
             want = in_daemon_only(eng, conn, ids)
             eng.radix.reset()
-            assert run(eng, ids).kv.decision.outcome == "recompute"
+            assert kv_state(run(eng, ids)).decision.outcome == "recompute"
             eng.radix.reset()
             r = eng.requests[eng.add_request(long_ids, SamplingParams(max_tokens=2, ignore_eos=True))]
             while r.status is not Status.RUNNING:
@@ -111,7 +112,7 @@ def test_a_long_prefill_running_makes_a_slow_load_worth_it(tiny, tmp_path: Path)
             b = eng.requests[eng.add_request(ids, SamplingParams(max_tokens=6, ignore_eos=True))]
             while not (b.finished and r.finished):
                 eng.step()
-            assert b.kv.decision.outcome == "load_all" and b.kv.decision.prefill_wait_s > 0.6
+            assert kv_state(b).decision.outcome == "load_all" and kv_state(b).decision.prefill_wait_s > 0.6
             assert b.cached_tokens == 7 * PS and b.output_ids == want
             assert conn.metrics.value("tierkv_connector_load_aware_changes_total", idle="recompute",
                                       outcome="load_all") == 1
@@ -131,12 +132,12 @@ def test_a_tier_no_load_ever_measured_is_explored_then_trusted(tiny, tmp_path: P
         try:
             want = in_daemon_only(eng, conn, ids)
             first = run(eng, ids)
-            assert first.kv.decision.outcome == "explore" and first.cached_tokens == EXPLORE_PAGES * PS
+            assert kv_state(first).decision.outcome == "explore" and first.cached_tokens == EXPLORE_PAGES * PS
             assert first.output_ids == want
             assert conn.cost.tier("cpu").measured == 1 and conn.cost.tier("cpu").bandwidth > 1e6
             eng.radix.reset()
             second = run(eng, ids)
-            assert second.kv.decision.outcome == "load_all" and second.output_ids == want
+            assert kv_state(second).decision.outcome == "load_all" and second.output_ids == want
             assert conn.metrics.value("tierkv_connector_decisions_total", tier="cpu", outcome="explore") == 1
         finally:
             detach(eng)

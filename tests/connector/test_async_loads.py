@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from connector.state import kv_state
 from engine.request import Status
 from engine.sampling import SamplingParams
 from tests.connector.async_support import DAEMON_FLAGS, PS, HeldLoader, in_daemon_only
@@ -36,7 +37,7 @@ def test_prefetch_starts_at_queue_time(tiny, tmp_path: Path) -> None:
             want = in_daemon_only(eng, conn, B_IDS)
             before = conn.metrics.value("tierkv_connector_lookups_total", result="hit")
             req = _add(eng, B_IDS)
-            assert req.status is Status.LOADING and req.kv.fetch is not None  # before any step
+            assert req.status is Status.LOADING and kv_state(req).fetch is not None  # before any step
             assert eng.wake.wait(30)  # the lookup ran on the worker with no step taken
             assert conn.metrics.value("tierkv_connector_lookups_total", result="hit") == before + 1
             while not req.finished:
@@ -56,7 +57,7 @@ def test_known_pages_are_taken_at_queue_time_and_the_transfer_follows_the_lookup
             want = in_daemon_only(eng, conn, B_IDS)
             held = conn.loader = HeldLoader(conn.loader, at=0)
             req = _add(eng, B_IDS)
-            assert len(req.kv.fetch.pages) == 7
+            assert len(kv_state(req).fetch.pages) == 7
             assert held.entered.wait(30)  # lookup, then transfer: no step taken
             held.gate.set()
             while not req.finished:
@@ -66,7 +67,7 @@ def test_known_pages_are_taken_at_queue_time_and_the_transfer_follows_the_lookup
             conn.known.discard(conn.keyspace.keys(B_IDS, None))
             held = conn.loader = HeldLoader(conn.loader, at=0)
             req = _add(eng, B_IDS)
-            assert req.kv.fetch.pages == []
+            assert kv_state(req).fetch.pages == []
             assert eng.wake.wait(30)  # the lookup is done; its pages are taken in the next step's poll
             assert not held.entered.is_set()
             while not held.entered.is_set():
@@ -142,7 +143,7 @@ def test_an_aborted_load_leaks_no_page_and_writes_into_no_page_of_anyone_else(ti
             b = _add(eng, B_IDS)
             while not held.entered.is_set():
                 eng.step()
-            load_pages = list(b.kv.fetch.pages)
+            load_pages = list(kv_state(b).fetch.pages)
             eng.abort(b.rid)
             assert b.finished and all(alloc.refcount(p) == 1 for p in load_pages)  # still the worker's
             c = run(eng, other)  # takes pages while the aborted load is still writing
@@ -151,7 +152,7 @@ def test_an_aborted_load_leaks_no_page_and_writes_into_no_page_of_anyone_else(ti
             assert not set(m.pages) & set(load_pages)
             kv_before = eng.pool.read_pages(m.pages).clone()
             held.gate.set()  # the late writes land: in the aborted load's own pages only
-            while eng.scheduler.draining:
+            while eng.scheduler.admitter.draining:
                 eng.step()
             assert torch.equal(eng.pool.read_pages(m.pages), kv_before)
             eng.radix.reset()
@@ -239,12 +240,12 @@ def test_a_connector_closed_with_loads_queued_hands_their_pages_back(tiny, tmp_p
             b = _add(eng, other)  # known pages: its transfer is queued behind a's by its lookup
             closing = threading.Thread(target=conn.close)
             for _ in range(3000):
-                if b.kv.fetch.next is not None:
+                if kv_state(b).fetch.next is not None:
                     break
                 threading.Event().wait(0.01)
             closing.start()  # cancels b's queued transfer, then waits for a's
             for _ in range(3000):
-                if b.kv.fetch.next.cancelled():
+                if kv_state(b).fetch.next.cancelled():
                     break
                 threading.Event().wait(0.01)
             held.gate.set()
@@ -256,8 +257,7 @@ def test_a_connector_closed_with_loads_queued_hands_their_pages_back(tiny, tmp_p
             eng.radix.reset()
             assert eng.pool.allocator.num_free() == eng.pool.num_pages
         finally:
-            eng.connector = None
-            eng.scheduler.hooks = []
+            eng.hooks = []
 
 
 def test_loading_hooks_must_come_before_plain_hooks(tiny, tmp_path: Path) -> None:
@@ -275,8 +275,8 @@ def test_loading_hooks_must_come_before_plain_hooks(tiny, tmp_path: Path) -> Non
         eng = make_engine(tiny)
         conn = attach(eng, d.address)
         try:
-            eng.scheduler.hooks = [conn, Plain()]
+            eng.hooks = [conn, Plain()]
             with pytest.raises(ValueError, match="loading hooks must come before"):
-                eng.scheduler.hooks = [Plain(), conn]
+                eng.hooks = [Plain(), conn]
         finally:
             detach(eng)

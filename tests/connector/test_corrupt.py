@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from connector.state import kv_state
 from kvstore.server.daemon import Daemon
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
@@ -60,7 +61,7 @@ def test_corrupt_block_is_deleted_and_offloaded_again(tiny, inproc_daemon: Daemo
             assert conn.flush(30)
             assert c.get_blocks([keys[3]], verify=True)[0] is not None  # repaired: verifies again
         again = run(eng, ids)
-        assert again.cached_tokens == 112 and again.kv.decision.pages == 7  # hits the repaired block
+        assert again.cached_tokens == 112 and kv_state(again).decision.pages == 7  # hits the repaired block
         assert again.output_ids == want
         eng.radix.check_integrity()
         eng.pool.allocator.check_integrity()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from connector.cost_model import CostModel, PrefillModel
+from connector.state import kv_state
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
 from tests.fixtures_kvstore import daemon
@@ -144,13 +145,13 @@ def test_slow_tier_recompute_fast_tier_load_end_to_end(tiny, tmp_path: Path) -> 
                 return run(eng, ids)
 
             fast = again()  # measured cpu tier: loading 24 pages beats the prefill
-            assert fast.kv.decision.outcome == "load_all" and fast.output_ids == want
+            assert kv_state(fast).decision.outcome == "load_all" and fast.output_ids == want
             conn.loader.throttle_bps = 0.05 * MB  # the tier becomes slow: ~4 s for these 196 KB
             slow = again()  # the model still believes the tier is fast: it loads, and measures
-            assert slow.kv.decision.outcome == "load_all" and slow.kv.load_s > 2
+            assert kv_state(slow).decision.outcome == "load_all" and kv_state(slow).load_s > 2
             assert conn.cost.tier("cpu").bandwidth < 0.3 * MB
             after = again()  # now it knows: recompute
-            d_after = after.kv.decision
+            d_after = kv_state(after).decision
             assert (d_after.outcome, d_after.pages) == ("recompute", 0) and after.cached_tokens == 0
             assert after.output_ids == want
             conn.loader.throttle_bps = 0.0

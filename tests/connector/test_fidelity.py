@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from connector.state import kv_state
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
 from tests.fixtures_kvstore import daemon
@@ -64,7 +65,7 @@ def test_daemon_tier_load_is_identical(reference, kind: str, tmp_path: Path, req
             engine.radix.reset()
             conn.known.discard(conn.keyspace.keys(ids[:80], None))
             got = run(engine, ids, MAX_TOKENS)
-            decision = got.kv.decision
+            decision = kv_state(got).decision
             assert (decision.pages, decision.tier) == (5, kind)
             assert got.cached_tokens == 80
             assert got.output_ids == want

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from connector.attribution import DaemonView, attribute
+from connector.state import kv_state
 from engine.request import PageOutcome, PromptUsage, Request
 from kvstore.server.daemon import Daemon
 from tests.connector.support import attach, detach, prompt, run
@@ -131,7 +132,7 @@ def test_bypassed_when_a_throttled_tier_is_slower_than_recompute(tiny, tmp_path:
             assert outcomes(slow) == {("loaded", "cpu"): LOADABLE, ("tail", None): 1}
             eng.radix.evict(eng.pool.num_pages)
             after = run(eng, ids)  # now it knows: recompute, though every page is held
-            assert after.kv.decision.outcome == "recompute"
+            assert kv_state(after).decision.outcome == "recompute"
             assert outcomes(after) == {("bypassed", "cpu"): LOADABLE, ("tail", None): 1}
         finally:
             detach(eng)

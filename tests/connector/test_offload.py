@@ -9,7 +9,8 @@ from pathlib import Path
 
 import redis
 
-from connector.wiring import order_hooks
+from connector.state import kv_state
+from connector.wiring import install_hook
 from engine.hooks import PrefixExtension
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
@@ -31,7 +32,7 @@ def test_evict_offload_reload_round_trip(tiny, tmp_path: Path) -> None:
             assert conn.metrics.value("tierkv_connector_offload_blocks_total", result="sent") >= 5
             assert eng.radix.match_prefix(a_ids, record_stats=False).num_tokens == 0
             again = run(eng, a_ids)
-            assert again.cached_tokens == 80 and again.kv.decision.pages == 5
+            assert again.cached_tokens == 80 and kv_state(again).decision.pages == 5
             assert again.output_ids == want_a
             eng.radix.check_integrity()
             eng.pool.allocator.check_integrity()
@@ -74,7 +75,7 @@ def test_tenants_never_share(tiny, tmp_path: Path) -> None:
             a1 = run(eng, ids, salt="tenant-a")
             assert conn.flush(30)
             b1 = run(eng, ids, salt="tenant-b")  # same tokens, other tenant: no local, no daemon hit
-            assert b1.cached_tokens == 0 and b1.kv is None or b1.kv.decision is None
+            assert b1.cached_tokens == 0 and kv_state(b1) is None or kv_state(b1).decision is None
             assert b1.output_ids == a1.output_ids
             keys_a, keys_b = conn.keyspace.keys(ids, "tenant-a"), conn.keyspace.keys(ids, "tenant-b")
             assert not set(keys_a) & set(keys_b)
@@ -89,7 +90,7 @@ def test_tenants_never_share(tiny, tmp_path: Path) -> None:
             plain = run(eng, ids)
             assert plain.cached_tokens == 0
             a3 = run(eng, ids, salt="tenant-a")
-            assert a3.cached_tokens == 112 and a3.kv.decision.pages == 7
+            assert a3.cached_tokens == 112 and kv_state(a3).decision.pages == 7
             assert a3.output_ids == a1.output_ids
             eng.radix.check_integrity()
         finally:
@@ -130,7 +131,7 @@ class _ApproximateTail:
 
     def propose(self, req, pages):
         m, n = req.num_computed, len(req.prompt_ids) - 1
-        fresh = pages.alloc(-(-n // pages.page_size) - len(req.pages))
+        fresh = pages.alloc(-(-n // 16) - len(req.pages))  # make_engine's 16-token pages
         return PrefixExtension(fresh, n - m, exact=False, exact_head=32 - m)
 
     def on_finish(self, req) -> None:
@@ -145,8 +146,7 @@ def test_write_through_never_offloads_past_cache_limit(tiny, tmp_path: Path) -> 
     with daemon(tmp_path, "--cpu", "64MiB") as d:
         eng = make_engine(tiny)
         conn = attach(eng, d.address, write_through=True)
-        eng.blend = _ApproximateTail()
-        order_hooks(eng)
+        install_hook(eng, _ApproximateTail())
         try:
             run(eng, ids)
             assert conn.flush(30)

@@ -22,6 +22,8 @@ import pytest
 
 from connector.blend import BlendConfig, build_blend_request
 from connector.blend.daemon_store import DaemonChunkStore
+from connector.blend.frontend import add_blend_request
+from connector.state import kv_state
 from connector.wiring import attach_cacheblend
 from engine.sampling import SamplingParams
 from kvstore.keys import TENANT_MAGIC, tenant_tag
@@ -98,7 +100,7 @@ def _http_usage(engine, ids: list[int], salts: list[str]) -> list[dict]:
 
 
 def _blend(engine, hook, spec, salt: str):
-    rid = hook.add_request(spec, SamplingParams(max_tokens=4, ignore_eos=True), cache_salt=salt)
+    rid = add_blend_request(engine, spec, SamplingParams(max_tokens=4, ignore_eos=True), cache_salt=salt)
     req = engine.requests[rid]
     while not req.finished:
         engine.step()
@@ -128,7 +130,7 @@ def test_no_tenant_hits_another_tenants_prompt_through_the_tier(kind: str, tiny,
             assert c1.flush(60)
             b1 = run(e1, ids, max_tokens=4, salt=b)
             assert (b1.usage.radix, b1.usage.loaded, b1.cached_tokens) == (0, 0, 0)  # A's pages are in both
-            assert b1.kv.view is not None and b1.kv.view.tiers == [None] * PAGES  # the daemon has none of B's
+            assert kv_state(b1).view is not None and kv_state(b1).view.tiers == [None] * PAGES  # the daemon has none of B's
             assert c1.metrics.value("tierkv_connector_loaded_tokens_total", tier=kind) == 0
             assert a1.output_ids == b1.output_ids == want
             assert c1.flush(60)

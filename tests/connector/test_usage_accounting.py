@@ -21,6 +21,7 @@ import torch
 from transformers import AutoTokenizer
 
 from connector.blend import BlendConfig, build_blend_request, build_chat_blend_request
+from connector.blend.frontend import add_blend_request
 from connector.demo import engine_server
 from connector.wiring import attach_cacheblend
 from engine.config import EngineConfig
@@ -66,7 +67,7 @@ def _engine(loaded) -> tuple[LLMEngine, object]:
 
 
 def _blend(eng, hook, spec, ratio):
-    rid = hook.add_request(replace(spec, ratio=ratio), SamplingParams(max_tokens=2))
+    rid = add_blend_request(eng, replace(spec, ratio=ratio), SamplingParams(max_tokens=2))
     req = eng.requests[rid]
     while not req.finished:
         eng.step()

@@ -54,6 +54,20 @@ def test_blend_env_is_not_checked_when_blending_is_off() -> None:
     assert r.returncode == 0, r.stderr
 
 
+def test_plugin_variables_are_judged_by_the_plugins_that_are_loaded() -> None:
+    """A plug-in declares its own variables (engine/plugins.py ``declares_env``): with the connector
+    attached a misspelt TIERKV_CONNECTOR_* is warned with the closest name; without it, it is not
+    the engine's to judge."""
+    env = {"TIERKV_CONNECTOR_LOAD_MODEE": "auto", "TIERKV_CONNECTOR_CALIBRATION": "x"}
+    r = kvengine("serve", "--no-blend", "--kvstore", "h:1", "--check-config", **env)
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "unknown environment variable TIERKV_CONNECTOR_LOAD_MODEE ignored (did you mean TIERKV_CONNECTOR_LOAD_MODE?)")
+    r = kvengine("serve", "--no-blend", "--check-config", **env)
+    assert r.returncode == 0 and "WARNING" not in r.stderr, r.stderr
+
+
 def test_host_port() -> None:
     assert host_port("[::1]:8000", "--listen") == ("::1", 8000)
     with pytest.raises(ConfigError, match="--listen"):

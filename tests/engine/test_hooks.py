@@ -1,4 +1,4 @@
-"""The admission-hook contract: a hook proposes, Scheduler.apply_extension alone applies.
+"""The admission-hook contract: a hook proposes, CacheManager.apply_extension alone applies.
 
 The hook here is real: it copies a prefix's KV out of another engine's pool (same model), so
 outputs can be compared with a plain run."""
@@ -55,7 +55,7 @@ class PeerPool:
 def _with_hooks(eng: LLMEngine, *hooks: PeerPool) -> None:
     for h in hooks:
         h.target = eng
-    eng.scheduler.hooks = list(hooks)
+    eng.hooks = list(hooks)
 
 
 def _run(eng: LLMEngine, ids: list[int]) -> Request:
@@ -119,7 +119,7 @@ def test_a_malformed_extension_is_refused_and_its_pages_freed(tiny) -> None:
     req = Request("r", _prompt(60, seed=3), SamplingParams())
     for ext_of in (lambda p: PrefixExtension(p, 20, exact=True),  # exact but not page-aligned
                    lambda p: PrefixExtension(p, 3 * PS, exact=True)):  # more tokens than pages
-        pages = eng.scheduler.alloc(2)
+        pages = eng.scheduler.cache.alloc(2)
         with pytest.raises(ValueError, match="bad extension"):
-            eng.scheduler.apply_extension(req, ext_of(pages))
+            eng.scheduler.cache.apply_extension(req, ext_of(pages))
         assert eng.pool.allocator.num_free() == eng.pool.num_pages and req.pages == []

@@ -1,5 +1,6 @@
-"""engine/ stands alone: importing it (or running its CLI's --help) loads neither connector/ nor kvstore/;
-they are reached only by name, through the plug-in registry, when a flag asks for them."""
+"""engine/ stands alone: importing it (or running its CLI's --help, or --check-config without a plug-in)
+loads neither connector/ nor kvstore/, with the engine's and the plug-ins' TIERKV_* variables set; they
+are reached only by name, through the plug-in registry, when a flag asks for them."""
 
 from __future__ import annotations
 
@@ -18,8 +19,14 @@ CHECK = "import sys; assert not any(m.split('.')[0] in ('connector', 'kvstore') 
         "sorted(m for m in sys.modules if m.split('.')[0] in ('connector', 'kvstore'))"
 
 
+#: a variable of the engine and of each built-in plug-in, and a misspelt one: none may pull a plug-in in
+TIERKV_ENV = {"TIERKV_ENGINE_PAGE_SIZE": "16", "TIERKV_CONNECTOR_LOAD_MODE": "auto", "TIERKV_BLEND_RATIO": "1.0",
+              "TIERKV_ENGINE_PAGE_SIZ": "16"}
+
+
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
+    env.update(TIERKV_ENV, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
 
@@ -36,6 +43,15 @@ def test_engine_cli_help_pulls_in_neither() -> None:
     res = _python(code)
     assert res.returncode == 0, res.stderr
     assert "--kvstore" in res.stdout and "--shutdown-grace-s" in res.stdout
+
+
+def test_engine_cli_check_config_without_plugins_pulls_in_neither() -> None:
+    code = ("import engine.cli\nfor cmd in (['serve', '--no-blend', '--check-config'], ['generate', 'hi', '--check-config']):\n"
+            "    assert engine.cli.main(cmd) == 0\n" + CHECK)
+    res = _python(code)
+    assert res.returncode == 0, res.stderr
+    assert "configuration OK" in res.stdout
+    assert res.stderr.count("unknown environment variable TIERKV_ENGINE_PAGE_SIZ ignored") == 2, res.stderr
 
 
 def test_plugins_resolve_by_name_lazily() -> None:

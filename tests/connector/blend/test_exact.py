@@ -7,7 +7,9 @@ import torch
 
 from connector.blend import Blender, BlendSpec, Segment, build_blend_request
 from connector.blend.blender import attend
+from connector.blend.frontend import add_blend_request
 from connector.blend.hook import BlendConfig
+from connector.blend.state import blend_state
 from connector.wiring import attach_cacheblend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -50,12 +52,12 @@ def test_r100_matches_full_prefill_smollm(smollm):
     eng2 = LLMEngine(EngineConfig(num_pages=128, device="cpu"), loaded=smollm)
     hook = attach_cacheblend(eng2)
     spec1 = BlendSpec(spec.segments, ratio=1.0)
-    rid = hook.add_request(spec1, params)
+    rid = add_blend_request(eng2, spec1, params)
     req = eng2.requests[rid]
     while not req.finished:
         eng2.step()
     assert req.output_ids == plain
-    assert req.blend.stats.selected == spec.num_document_tokens
+    assert blend_state(req).stats.selected == spec.num_document_tokens
     assert hook.metrics.blended_requests == 1
 
 
@@ -138,11 +140,11 @@ def test_hook_default_ratio_and_radix_stays_exact(tiny4):
     eng = LLMEngine(EngineConfig(num_pages=64, device="cpu", page_size=16), loaded=loaded)
     hook = attach_cacheblend(eng, BlendConfig(ratio=0.2))
     ids, spec = _spec(loaded.tokenizer)
-    rid = hook.add_request(spec, SamplingParams(max_tokens=4))
+    rid = add_blend_request(eng, spec, SamplingParams(max_tokens=4))
     req = eng.requests[rid]
     while not req.finished:
         eng.step()
-    st = req.blend.stats
+    st = blend_state(req).stats
     assert st.ratio == 0.2 and st.selected == round(0.2 * st.document_tokens)
     # every chunk was computed for this request (a cold store): none of its prompt's KV counts as cached;
     # the recomputed document tokens are the selection's, the rest of the chunks' tokens are fresh
@@ -155,7 +157,7 @@ def test_hook_default_ratio_and_radix_stays_exact(tiny4):
     match = eng.radix.match_prefix(ids)
     assert match.num_tokens <= head
     # preempted mid-decode: still only the exact prefix enters the radix, and it finishes
-    req = eng.requests[hook.add_request(spec, SamplingParams(max_tokens=4), rid="p")]
+    req = eng.requests[add_blend_request(eng, spec, SamplingParams(max_tokens=4), rid="p")]
     eng.step()
     eng.step()
     assert req.num_computed >= len(ids)
@@ -165,7 +167,7 @@ def test_hook_default_ratio_and_radix_stays_exact(tiny4):
         eng.step()
     assert len(req.output_ids) == 4
     # the same documents again: every chunk is a hit
-    req = eng.requests[hook.add_request(spec, SamplingParams(max_tokens=2))]
+    req = eng.requests[add_blend_request(eng, spec, SamplingParams(max_tokens=2))]
     while not req.finished:
         eng.step()
     assert hook.metrics.chunk_misses == len(spec.segments) - 1  # documents were computed once
@@ -185,7 +187,7 @@ def test_hook_failure_falls_back_to_full_prefill(tiny4, monkeypatch):
         raise RuntimeError("simulated failure")
 
     monkeypatch.setattr(hook.blender, "blend", boom)
-    req = eng.requests[hook.add_request(spec, SamplingParams(max_tokens=3))]
+    req = eng.requests[add_blend_request(eng, spec, SamplingParams(max_tokens=3))]
     while not req.finished:
         eng.step()
     assert req.output_ids == plain and req.cache_limit is None

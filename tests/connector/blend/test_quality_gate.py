@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from connector.blend import BlendConfig, InProcessChunkStore, build_blend_request
+from connector.blend.frontend import add_blend_request
 from connector.blend.metrics import BlendCollector
 from connector.blend.quality_gate import QualityGate, lcs_f1
+from connector.blend.state import blend_state
 from connector.wiring import attach_cacheblend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -87,7 +89,7 @@ def _drain(eng) -> None:
 
 
 def _ask(eng, hook, spec):
-    rid = hook.add_request(spec, SamplingParams(max_tokens=TOKENS))
+    rid = add_blend_request(eng, spec, SamplingParams(max_tokens=TOKENS))
     req = eng.requests[rid]
     _drain(eng)
     return req
@@ -124,7 +126,7 @@ def test_bad_blends_switch_blending_off_then_good_ones_back_on(tiny4, reference)
         ids, spec = _spec(tok, i)
         req = _ask(eng, hook, spec)
         i += 1
-        assert req.blend.gated and req.blend.stats is None
+        assert blend_state(req).gated and blend_state(req).stats is None
         assert req.output_ids == reference(ids)
         assert req.cached_tokens == req.usage.radix  # a full prefill: only exact radix hits
     assert not gate.blending and m.gated_requests == 5
@@ -138,7 +140,7 @@ def test_bad_blends_switch_blending_off_then_good_ones_back_on(tiny4, reference)
     assert gate.blending and m.gate_switched_on == 1 and gate.agreement >= 0.9
     ids, spec = _spec(tok, i, ratio=1.0)
     req = _ask(eng, hook, spec)
-    assert req.blend.stats is not None and not req.blend.gated  # blended again
+    assert blend_state(req).stats is not None and not blend_state(req).gated  # blended again
     assert req.output_ids == reference(ids)
     assert not hook.prober.inflight
     eng.pool.allocator.check_integrity()
@@ -151,9 +153,9 @@ def test_exact_blends_keep_blending_on(tiny4, reference) -> None:
     for i in range(5):
         ids, spec = _spec(tiny4.tokenizer, i, ratio=1.0)
         req = _ask(eng, hook, spec)
-        assert req.blend.stats is not None and req.output_ids == reference(ids)
+        assert blend_state(req).stats is not None and req.output_ids == reference(ids)
     # a sampled (not greedy) request: both sides of its probe are greedy shadows
-    rid = hook.add_request(_spec(tiny4.tokenizer, 5, ratio=1.0)[1], SamplingParams(max_tokens=2, temperature=1.0))
+    rid = add_blend_request(eng, _spec(tiny4.tokenizer, 5, ratio=1.0)[1], SamplingParams(max_tokens=2, temperature=1.0))
     _drain(eng)
     assert eng.requests.get(rid) is None and not hook.prober.inflight
     assert hook.gate.blending and hook.metrics.gate_samples == 6 and hook.gate.agreement == 1.0
@@ -179,7 +181,7 @@ def test_a_probe_whose_shadow_was_not_blended_is_no_sample(tiny4) -> None:
 def test_probes_in_flight_are_bounded(tiny4) -> None:
     eng, hook = _gated_engine(tiny4, ShiftingStore(), gate_max_inflight=2)
     for i in range(5):
-        hook.add_request(_spec(tiny4.tokenizer, i)[1], SamplingParams(max_tokens=TOKENS))
+        add_blend_request(eng, _spec(tiny4.tokenizer, i)[1], SamplingParams(max_tokens=TOKENS))
     peak = 0
     while eng.has_unfinished():
         eng.step()
@@ -191,7 +193,7 @@ def test_no_gate_no_shadows(tiny4) -> None:
     eng = make_engine(tiny4, **ENGINE)
     hook = attach_cacheblend(eng, BlendConfig(ratio=0.0), store=ShiftingStore())
     for i in range(3):
-        hook.add_request(_spec(tiny4.tokenizer, i)[1], SamplingParams(max_tokens=2))
+        add_blend_request(eng, _spec(tiny4.tokenizer, i)[1], SamplingParams(max_tokens=2))
     steps = 0
     while eng.has_unfinished():
         eng.step()
@@ -238,12 +240,12 @@ def test_gate_config_is_validated() -> None:
 
 def test_an_aborted_request_starts_no_probe(tiny4) -> None:
     eng, hook = _gated_engine(tiny4, ShiftingStore())
-    rid = hook.add_request(_spec(tiny4.tokenizer, 0)[1], SamplingParams(max_tokens=TOKENS))
+    rid = add_blend_request(eng, _spec(tiny4.tokenizer, 0)[1], SamplingParams(max_tokens=TOKENS))
     req = eng.requests[rid]
     while not req.output_ids:
         eng.step()
     eng.abort(rid)
-    assert req.finish_reason == "abort" and req.blend.stats is not None
+    assert req.finish_reason == "abort" and blend_state(req).stats is not None
     assert not eng.has_unfinished() and not hook.prober.inflight
 
 
@@ -252,7 +254,39 @@ def test_a_shadow_that_does_not_fit_skips_the_sample(tiny4) -> None:
     eng = LLMEngine(EngineConfig(num_pages=64, device="cpu", page_size=16, max_model_len=len(ids) + 2), loaded=tiny4)
     hook = attach_cacheblend(eng, BlendConfig(ratio=0.0, gate_fraction=1.0, gate_tokens=TOKENS), store=ShiftingStore())
     # sampled (not greedy): both sides are shadows of TOKENS tokens, longer than the context allows
-    rid = hook.add_request(spec, SamplingParams(max_tokens=2, temperature=1.0, seed=1))
+    rid = add_blend_request(eng, spec, SamplingParams(max_tokens=2, temperature=1.0, seed=1))
     req = eng.requests[rid]
     _drain(eng)
     assert req.finish_reason == "length" and hook.metrics.gate_skipped == 1 and not hook.prober.inflight
+
+
+def test_shadows_are_admitted_after_the_step_not_inside_finish(tiny4, monkeypatch) -> None:
+    """The hook's on_finish runs inside Scheduler.finish: the shadows it starts are submitted through
+    the engine view and join the queue when the step is over, never from inside the scheduler."""
+    eng, hook = _gated_engine(tiny4, ShiftingStore())
+    sched = eng.scheduler
+    inside, added = [False], []
+    finish, add = sched.finish, sched.add
+
+    def finish_spy(req, reason):
+        inside[0] = True
+        try:
+            finish(req, reason)
+        finally:
+            inside[0] = False
+
+    def add_spy(req):
+        added.append((req.rid, inside[0]))
+        add(req)
+
+    monkeypatch.setattr(sched, "finish", finish_spy)
+    monkeypatch.setattr(sched, "add", add_spy)
+    req = eng.requests[add_blend_request(eng, _spec(tiny4.tokenizer, 0)[1], SamplingParams(max_tokens=2))]
+    while not req.finished:
+        eng.step()
+    shadows = [rid for rid, _ in added if rid.startswith("gate-")]
+    assert shadows and hook.prober.inflight  # a probe started: its shadows are queued ...
+    assert all(rid in eng.requests for rid in shadows)  # ... by the time the step returned ...
+    assert not any(during for _, during in added)  # ... and none from inside finish
+    _drain(eng)
+    assert not hook.prober.inflight and hook.metrics.gate_samples == 1

@@ -8,8 +8,10 @@ from pathlib import Path
 from connector.blend import BlendConfig, build_blend_request
 from connector.blend.chunk_cache import InProcessChunkStore
 from connector.blend.daemon_store import DaemonChunkStore
-from connector.blend.state import BlendState
-from connector.wiring import attach_cacheblend
+from connector.blend.frontend import add_blend_request
+from connector.blend.state import BlendState, blend_state
+from connector.state import kv_state
+from connector.wiring import attach_cacheblend, connector_of
 from engine.sampling import SamplingParams
 from tests.connector.support import attach, detach, run
 from tests.fixtures_engine import make_engine
@@ -23,7 +25,7 @@ QUESTION = "Question: Who built the lighthouse of Orvik, and where did she move 
 
 
 def _blend(eng, hook, spec, max_tokens: int = 6):
-    rid = hook.add_request(spec, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    rid = add_blend_request(eng, spec, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     req = eng.requests[rid]
     while not req.finished:
         eng.step()
@@ -40,9 +42,9 @@ def test_daemon_prefix_is_loaded_then_the_rest_blended(tiny, tmp_path: Path) -> 
         a = make_engine(tiny)
         attach(a, d.address, write_through=True)
         hook_a = attach_cacheblend(a, BlendConfig())
-        assert a.scheduler.hooks == [a.connector, hook_a]
+        assert a.hooks == [connector_of(a), hook_a]
         run(a, ids[: head_and_doc1 + 5])
-        assert a.connector.flush(30)
+        assert connector_of(a).flush(30)
         assert _blend(a, hook_a, spec).output_ids == want
         detach(a)
         hook_a.close()
@@ -52,13 +54,13 @@ def test_daemon_prefix_is_loaded_then_the_rest_blended(tiny, tmp_path: Path) -> 
         hook_b = attach_cacheblend(b, BlendConfig(), store=DaemonChunkStore(client, InProcessChunkStore()))
         conn_b = attach(b, d.address)
         try:
-            assert b.scheduler.hooks == [conn_b, hook_b]
+            assert b.hooks == [conn_b, hook_b]
             req = _blend(b, hook_b, spec)
             prefix = (head_and_doc1 + 5) // 16 * 16  # the plain request's full pages
-            assert req.kv.decision.pages == prefix // 16
+            assert kv_state(req).decision.pages == prefix // 16
             assert conn_b.metrics.value("tierkv_connector_loaded_tokens_total", tier="cpu") == prefix
-            st = req.blend.stats
-            assert isinstance(req.blend, BlendState) and st.exact_prefix == prefix  # blended after it
+            st = blend_state(req).stats
+            assert isinstance(blend_state(req), BlendState) and st.exact_prefix == prefix  # blended after it
             assert hook_b.metrics.chunk_hits == len(spec.segments) - 1 and hook_b.metrics.chunk_misses == 0
             # r = 1 recomputes every blended token: only the exact prefix loaded from the daemon is cached
             assert req.cached_tokens == prefix and req.usage.loaded == prefix and req.usage.loaded_tier == "cpu"
