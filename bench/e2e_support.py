@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.servers import running_daemon
 from connector.wiring import attach_tierkv, detach_tierkv
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.request import Request, Status
 from engine.sampling import SamplingParams
-from kvstore.launch import running_daemon
 
 TIERS = ("cpu", "disk", "s3")
 

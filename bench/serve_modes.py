@@ -1,6 +1,6 @@
 """What each bench.serve mode runs: a real ``kvengine serve`` process, and for the daemon modes a
-real ``kvstore serve`` daemon (kvstore/launch.py) whose only tier is the one the mode names, with
-real redis-server and SeaweedFS behind the redis and s3 tiers (bench/servers.py). Everything
+real ``kvstore serve`` daemon whose only tier is the one the mode names, with real redis-server
+and SeaweedFS behind the redis and s3 tiers (all started by bench/servers.py). Everything
 listens on free loopback ports and is stopped when the mode's ``with`` block ends.
 
 ``no_cache`` is the same server as ``radix``, with a fresh ``cache_salt`` on every request: no
@@ -27,8 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import LOOPBACK, free_port, prepare_bucket, redis_server, seaweedfs_s3
-from kvstore.launch import running_daemon
+from bench.servers import LOOPBACK, free_port, prepare_bucket, redis_server, running_daemon, seaweedfs_s3
 
 MODES = ("no_cache", "radix", "daemon_cpu", "daemon_disk", "daemon_s3", "daemon_redis")
 CONNECTOR_ENV = {"TIERKV_CONNECTOR_WRITE_THROUGH": "1"}  # the daemon modes' connector settings

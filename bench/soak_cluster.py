@@ -20,11 +20,10 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import RedisServer, SeaweedS3, free_port, prepare_bucket
+from bench.servers import RedisServer, SeaweedS3, free_port, prepare_bucket, spawn_daemon, stop_daemon
 from kvstore.auth import ClientAuth
 from kvstore.client import KVStoreClient
 from kvstore.errors import KVStoreError
-from kvstore.launch import spawn_daemon, stop_daemon
 from kvstore.retry import Retry
 
 BUCKET = "soak"

@@ -22,6 +22,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2
 from hypothesis import strategies as st
 
+from bench.servers import spawn_daemon, stop_daemon
 from bench.soak_fuzz import Tally, run_cases
 from bench.soak_fuzz_cases import messages, put_streams, raw_or_mutated, stream_requests
 from kvstore import stream_wire as w
@@ -29,7 +30,6 @@ from kvstore.auth import ClientAuth
 from kvstore.block import decode_block, encode_block
 from kvstore.client import KVStoreClient
 from kvstore.errors import BlockFormatError
-from kvstore.launch import spawn_daemon, stop_daemon
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.shm import HEADER_BYTES, ArenaMap, ShmSegment
 

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from bench import tier_figures as fig
-from kvstore.launch import spawn_daemon, stop_daemon
+from bench.servers import spawn_daemon, stop_daemon
 
 LOOPBACK = "127.0.0.1"
 

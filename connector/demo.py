@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from kvstore.launch import running_daemon
+from bench.servers import running_daemon
 
 SYSTEM = ("You are Atlas, a concise travel assistant for European rail trips. You know timetables, "
           "station layouts, ticket rules, luggage limits and good places to eat near stations. Answer in "

@@ -32,10 +32,10 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.servers import spawn_daemon
 from kvstore.block import encode_block
 from kvstore.client import KVStoreClient
 from kvstore.config import StoreConfig, TierConfig, load_config
-from kvstore.launch import spawn_daemon
 from kvstore.level import LevelOptions
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.servers import running_daemon
 from kvstore.auth import AuthError, ClientAuth
 from kvstore.block import encode_block
 from kvstore.cli import main
-from kvstore.launch import running_daemon
 from kvstore.trace import MISS, OP_GET, OP_LOOKUP, OP_PUT, key_hash, read_trace
 from tests.fixtures_kvstore import connect
 

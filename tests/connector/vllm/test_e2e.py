@@ -30,10 +30,9 @@ from typing import Any
 import pytest
 import redis
 
-from bench.servers import RedisServer
+from bench.servers import RedisServer, spawn_daemon, stop_daemon
 from connector.vllm.launch import VLLMServer, VLLMUnavailable, vllm_python
 from kvstore.auth import ClientAuth
-from kvstore.launch import spawn_daemon, stop_daemon
 from tests.fixtures_kvstore import connect
 
 pytestmark = pytest.mark.slow
