@@ -16,10 +16,6 @@ RAG workload that moved daemon_s3's TTFT p90 from 0.94/0.81 s to 0.57/0.56 s (ra
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import LOOPBACK, free_port, prepare_bucket, redis_server, running_daemon, seaweedfs_s3
+from bench.servers import engine_server, prepare_bucket, redis_server, running_daemon, seaweedfs_s3
 
 MODES = ("no_cache", "radix", "daemon_cpu", "daemon_disk", "daemon_s3", "daemon_redis")
 CONNECTOR_ENV = {"TIERKV_CONNECTOR_WRITE_THROUGH": "1"}  # the daemon modes' connector settings
@@ -85,52 +81,21 @@ def mode_daemon(mode: str, work: Path) -> Iterator[str | None]:
         yield stack.enter_context(running_daemon(work, *flags, env=env, log_path=work / "daemon.log"))
 
 
-def _wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout_s: float) -> str:
-    """The served model's name once /health answers; RuntimeError with the log's tail if it dies."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            if httpx.get(f"http://{LOOPBACK}:{port}/health", timeout=2).status_code == 200:
-                return httpx.get(f"http://{LOOPBACK}:{port}/v1/models", timeout=5).json()["data"][0]["id"]
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"kvengine serve did not come up (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
-
-
 @contextlib.contextmanager
 def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.0,
                 verbose: bool = False) -> Iterator[Server]:
     """``kvengine serve`` for ``mode`` (with its daemon), ready to answer (``verbose``: debug logs)."""
     work.mkdir(parents=True, exist_ok=True)
     with mode_daemon(mode, work / "daemon") as address:
-        port = free_port()
-        log = work / "engine.log"
-        argv = [sys.executable, "-m", "engine.cli", "serve", "--listen", f"{LOOPBACK}:{port}", "--no-blend",
-                "--num-pages", str(spec.num_pages), "--page-size", str(spec.page_size),
-                "--threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs)]
+        flags = ["--no-blend", "--num-pages", str(spec.num_pages), "--page-size", str(spec.page_size),
+                 "--threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs)]
         if address is not None:
-            argv += ["--kvstore", address]
+            flags += ["--kvstore", address]
         if spec.model:
-            argv += ["--model", spec.model]
+            flags += ["--model", spec.model]
         if verbose:
-            argv.append("-v")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(spec.threads))
-        if address is not None:
-            env.update(CONNECTOR_ENV)
-        with open(log, "w") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-        try:
-            model = _wait_ready(proc, port, log, timeout_s)
-            yield Server(mode, port, model, log)
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            flags.append("-v")
+        env = {"OMP_NUM_THREADS": str(spec.threads), **(CONNECTOR_ENV if address is not None else {})}
+        with engine_server(*flags, env=env, log_path=work / "engine.log", timeout_s=timeout_s, grace_s=60) as engine:
+            model = httpx.get(f"{engine.base}/v1/models", timeout=5).json()["data"][0]["id"]
+            yield Server(mode, engine.port, model, work / "engine.log")

@@ -10,17 +10,11 @@ each incarnation apart).
 
 from __future__ import annotations
 
-import os
 import secrets
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
-
-from bench.servers import RedisServer, SeaweedS3, free_port, prepare_bucket, spawn_daemon, stop_daemon
+from bench.servers import EngineServer, RedisServer, SeaweedS3, prepare_bucket, spawn_daemon, stop_daemon
 from kvstore.auth import ClientAuth
 from kvstore.client import KVStoreClient
 from kvstore.errors import KVStoreError
@@ -29,41 +23,15 @@ from kvstore.retry import Retry
 BUCKET = "soak"
 
 
-class Replica:
-    """One ``kvengine serve`` on the real model, attached to the daemon."""
+class Replica(EngineServer):
+    """One ``kvengine serve`` on the real model, attached to the daemon, in its own session."""
 
     def __init__(self, name: str, work: Path, daemon: str, token: str, flags: list[str]) -> None:
-        self.name, self.port = name, free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = work / f"{name}.log"
-        env = dict(os.environ, TIERKV_TOKEN=token, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-                   TIERKV_CONNECTOR_WRITE_THROUGH="true")  # the daemon gets each prompt's pages at once
-        argv = [sys.executable, "-m", "engine.cli", "serve", "--port", str(self.port), "--kvstore", daemon,
-                "--threads", "1", *flags]  # fmt: skip
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n{self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        self.name = name
+        env = {"TIERKV_TOKEN": token, "OMP_NUM_THREADS": "1",
+               "TIERKV_CONNECTOR_WRITE_THROUGH": "true"}  # the daemon gets each prompt's pages at once
+        super().__init__("--kvstore", daemon, "--threads", "1", *flags, env=env, log_path=work / f"{name}.log",
+                         new_session=True, label=name)  # fmt: skip
 
 
 class Daemon:
