@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.e2e_support import machine_facts
-from bench.serve_client import at_offsets, client, send
-from bench.serve_figures import point_stats, tokens_by_source
+from bench.serve.client import at_offsets, client, send
+from bench.serve.figures import point_stats, tokens_by_source
 from bench.vllm_workload import (
     BLOCK,
     ChatSpec,
@@ -109,12 +109,12 @@ def _mode(name: str, work: Path, blocks: int, max_len: int) -> Any:
 
     work.mkdir(parents=True, exist_ok=True)
     if name == "kvengine_tierkv":
-        from bench.serve_modes import EngineSpec, mode_server
+        from bench.serve.modes import EngineSpec, mode_server
 
         with mode_server("daemon_cpu", EngineSpec(num_pages=blocks * BLOCK // 16, threads=2), work) as srv:
             yield Mode(name, srv.port, srv.model, dict)
         return
-    from bench.serve_modes import mode_daemon
+    from bench.serve.modes import mode_daemon
 
     tier = {"tierkv_cpu": "daemon_cpu", "tierkv_disk": "daemon_disk"}.get(name, "")  # bench.serve's daemons
     with mode_daemon(tier, work / "daemon") as address:

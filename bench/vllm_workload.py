@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.serve_workload import Text
+from bench.serve.workload import Text
 
 BLOCK = 128  # vLLM's CPU block size (tokens)
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 
-from bench.serve_client import Job, client, open_loop, send
-from bench.serve_figures import max_qps_at_slo, passes, point_stats, scrape
-from bench.serve_modes import Server
-from bench.serve_workload import QASpec, QAWorkload, RAGSpec, RAGWorkload
+from bench.serve.client import Job, client, open_loop, send
+from bench.serve.figures import max_qps_at_slo, passes, point_stats, scrape
+from bench.serve.modes import Server
+from bench.serve.workload import QASpec, QAWorkload, RAGSpec, RAGWorkload
 
 
 @dataclass(frozen=True)

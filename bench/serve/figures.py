@@ -1,5 +1,5 @@
 """The figures of bench.serve, as pure functions of what the client recorded (tested on synthetic
-records in tests/bench/test_serve_figures.py).
+records in tests/bench/serve/test_figures.py).
 
 A point is one batch of requests sent open-loop at one QPS; its TTFT and inter-token figures are
 over the requests that completed. A mode's ``max_qps_at_slo`` is the highest QPS of its sweep at
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.serve_client import Record
+from bench.serve.client import Record
 
 #: the issue's targets (the JSON's ``targets``): figure -> (comparison, limit, as written)
 TARGETS = {

@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from bench import serve
-from bench.serve_workload import QASpec, RAGSpec
+from bench.serve import run
+from bench.serve.workload import QASpec, RAGSpec
 from engine.model_loader import hf_model_dir
 
 pytestmark = pytest.mark.timeout(600)
@@ -19,11 +20,11 @@ KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "i
 
 
 def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> None:
-    small = serve.Preset(QASpec(users=8, system_tokens=32, context_tokens=96, question_tokens=8, answer_tokens=4),
+    small = run.Preset(QASpec(users=8, system_tokens=32, context_tokens=96, question_tokens=8, answer_tokens=4),
                          4, (4.0, 8.0), 60.0,
                          RAGSpec(docs=3, doc_tokens=32, question_tokens=8, answer_tokens=4, requests=2),
                          ("radix", "daemon_cpu"))
-    monkeypatch.setattr(serve, "QUICK", small)
+    monkeypatch.setattr(run, "QUICK", small)
     # The tiny model recomputes a page faster than any tier loads it, so the cost model would rightly
     # recompute (CI once saw 0 redis tokens): this smoke checks the plumbing, so every hit is loaded.
     monkeypatch.setenv("TIERKV_CONNECTOR_LOAD_MODE", "always")

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from bench import serve_figures as fig
-from bench.serve_client import Record
+from bench.serve import figures as fig
+from bench.serve.client import Record
 
 
 def _rec(ttft: float, itl: list[float], prompt: int = 100, tierkv: dict | None = None, error: str | None = None,

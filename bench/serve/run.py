@@ -2,20 +2,20 @@
 
     python -m bench.serve --out F.json [--quick] [--modes radix,daemon_cpu] [--slo 3.0]
 
-For each mode (bench/serve_modes.py: no cache, radix only, radix + a daemon whose one tier is cpu,
+For each mode (bench/serve/modes.py: no cache, radix only, radix + a daemon whose one tier is cpu,
 disk, s3 or redis) a real ``kvengine serve`` runs the multi-round QA workload
-(bench/serve_workload.py) from a load generator that speaks only the OpenAI API
-(bench/serve_client.py). The engine's KV pool is sized so that the users' working set is at least
+(bench/serve/workload.py) from a load generator that speaks only the OpenAI API
+(bench/serve/client.py). The engine's KV pool is sized so that the users' working set is at least
 4x what it holds: most turns find their conversation evicted from the radix tree, and only a
 daemon still has it. A first round, not measured, puts every user's context in the caches; then
 each sweep point sends the next turn of half the users, open-loop at one QPS, and a mode leaves
 the sweep at its first point whose TTFT p90 is over the SLO. All the modes' servers run at once
-and take turns point by point (bench/serve_drive.py), so load from elsewhere on a shared machine
+and take turns point by point (bench/serve/drive.py), so load from elsewhere on a shared machine
 falls on every mode alike. Per mode: the figures at the first QPS (which every mode runs, so modes
 compare at the same load), and the highest QPS held within the SLO. RAG (documents drawn from a
 pool in varying order) runs one point per mode at the first QPS (quick: radix and daemon_s3 only).
 
-Writes F.json (machine facts beside the figures, bench/serve_figures.py) and F.png (TTFT vs QPS).
+Writes F.json (machine facts beside the figures, bench/serve/figures.py) and F.png (TTFT vs QPS).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -35,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.e2e_support import machine_facts
-from bench.serve_drive import Plan, run_all
-from bench.serve_figures import target_figures
-from bench.serve_modes import CONNECTOR_ENV, MODES, QUICK_MODES, EngineSpec, mode_server
-from bench.serve_workload import QASpec, RAGSpec, planned_qa_working_set
+from bench.serve.drive import Plan, run_all
+from bench.serve.figures import target_figures
+from bench.serve.modes import CONNECTOR_ENV, MODES, QUICK_MODES, EngineSpec, mode_server
+from bench.serve.workload import QASpec, RAGSpec, planned_qa_working_set
 
 log = logging.getLogger("bench.serve")
 PAGE = 16
@@ -153,7 +152,3 @@ def main(argv: list[str] | None = None) -> int:
                for m, v in doc["modes"].items()}
     print(json.dumps({"modes": summary, "targets": doc["targets"], "wall_s": doc["wall_s"]}, indent=2, default=float))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
