@@ -1,4 +1,4 @@
-"""`kvengine serve`'s HTTP API fuzzed (bench/soak_fuzz_http.py): broken JSON, wrong types and
+"""`kvengine serve`'s HTTP API fuzzed (bench/soak/fuzz_http.py): broken JSON, wrong types and
 oversized bodies each get a clear 4xx (413 past the body limit), never a 5xx or a hang, the
 server's memory does not take an oversized body in, and it still answers afterwards."""
 
@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from bench.servers import engine_server
-from bench.soak_fuzz_http import fuzz_http, verdict
+from bench.soak.fuzz_http import fuzz_http, verdict
 from engine.model_loader import hf_model_dir
 from engine.server import MAX_BODY_BYTES
 from tests.fixtures_model import make_tiny_llama

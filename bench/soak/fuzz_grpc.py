@@ -23,8 +23,8 @@ from grpc_health.v1 import health_pb2
 from hypothesis import strategies as st
 
 from bench.servers import spawn_daemon, stop_daemon
-from bench.soak_fuzz import Tally, run_cases
-from bench.soak_fuzz_cases import messages, put_streams, raw_or_mutated, stream_requests
+from bench.soak.fuzz import Tally, run_cases
+from bench.soak.fuzz_cases import messages, put_streams, raw_or_mutated, stream_requests
 from kvstore import stream_wire as w
 from kvstore.auth import ClientAuth
 from kvstore.block import decode_block, encode_block

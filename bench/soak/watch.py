@@ -3,7 +3,7 @@
 Why each process *identity* (role, pid, start time) and not each role: a daemon SIGKILLed and
 restarted is a new process, and its figures start from zero again; comparing the first
 daemon's warm-up with the last daemon's end mixes two processes (growth that is no growth, or
-a leak hidden by a restart). The figures (bench/soak_figures.py) compare each identity with
+a leak hidden by a restart). The figures (bench/soak/figures.py) compare each identity with
 itself only.
 
 Why RSS is split (``/proc/PID/status``): ``RssAnon`` is the heap — where a leak shows;

@@ -10,8 +10,8 @@ import time
 
 import grpc
 
-from bench.soak_cluster import Cluster
-from bench.soak_load import TENANTS, Answer, Load, private_prompt
+from bench.soak.cluster import Cluster
+from bench.soak.load import TENANTS, Answer, Load, private_prompt
 from kvstore import stream_wire as w
 from kvstore.auth import ClientAuth
 from kvstore.proto import kvstore_pb2 as pb

@@ -3,13 +3,13 @@ of several tenants while a schedule SIGKILLs and restarts the daemon, the S3 ser
 
     python -m bench.soak --out F.json [--quick] [--fuzz-cases 10000] [--keep DIR]
 
-What it counts (bench/soak_figures.py computes each figure; bench/run_all.py holds the targets):
+What it counts (bench/soak/figures.py computes each figure; bench/run_all.py holds the targets):
 every answer against a cold greedy reference (``wrong_outputs``; an exception or refusal seen by
 a client is a ``client_errors``), faults injected, the growth of RSS, open files, threads and
 /dev/shm of each process after warm-up, calls to the daemon with no or a wrong token that were
 served (``unauthenticated_accepted``), another tenant's first request for a tenant's private
 prompt that reported cached tokens (``cross_tenant_hits``), and the fuzzer's cases and crashes
-(bench/soak_fuzz.py, run beside the soak against its own daemon and against replica a's API).
+(bench/soak/fuzz.py, run beside the soak against its own daemon and against replica a's API).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.run_all import BENCHES, all_met, lookup, machine_facts, verdict
-from bench.soak_cluster import Cluster
-from bench.soak_figures import check_answers, cross_tenant_hits, during_outages, memory_figures
-from bench.soak_fuzz import HTTP_SHARE
-from bench.soak_load import TENANTS, Answer, Load, workload
-from bench.soak_probes import Probes
-from bench.soak_watch import Watcher
+from bench.soak.cluster import Cluster
+from bench.soak.figures import check_answers, cross_tenant_hits, during_outages, memory_figures
+from bench.soak.fuzz import HTTP_SHARE
+from bench.soak.load import TENANTS, Answer, Load, workload
+from bench.soak.probes import Probes
+from bench.soak.watch import Watcher
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -72,7 +72,7 @@ def inject(cluster: Cluster, target: str, outage_s: float, clock: Any) -> dict[s
 
 
 class Fuzzing:
-    """bench.soak_fuzz in processes of their own, beside the soak: the daemon side (its own
+    """bench.soak.fuzz in processes of their own, beside the soak: the daemon side (its own
     daemon) from the start, the HTTP side against replica a once it serves; ``result()`` merges."""
 
     def __init__(self, work: Path, cases: int, seed: int) -> None:
@@ -84,7 +84,7 @@ class Fuzzing:
     def _start(self, side: str, cases: int, *extra: str) -> None:
         out, log = self.work / f"fuzz-{side}.json", self.work / f"fuzz-{side}.log"
         with open(log, "wb") as f:
-            proc = subprocess.Popen([sys.executable, "-m", "bench.soak_fuzz", "--only", side, "--fuzz-cases", str(cases),
+            proc = subprocess.Popen([sys.executable, "-m", "bench.soak.fuzz", "--only", side, "--fuzz-cases", str(cases),
                                      "--seed", str(self.seed), "--out", str(out), *extra], stdout=f,
                                     stderr=subprocess.STDOUT)  # fmt: skip
         self.runs.append((proc, out))
@@ -234,7 +234,3 @@ def main(argv: list[str] | None = None) -> int:
     Path(a.out).write_text(json.dumps(doc, indent=1))
     print(json.dumps({k: v for k, v in doc.items() if k not in ("detail",)}, indent=1))
     return 0 if all_met(doc["targets"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The soak's figures (bench/soak_figures.py) and targets (bench/run_all.py) on made-up records:
+"""The soak's figures (bench/soak/figures.py) and targets (bench/run_all.py) on made-up records:
 growth is per process identity after warm-up, and every target can fail."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.run_all import BENCHES, all_met, lookup, verdict
-from bench.soak_figures import (
+from bench.soak.figures import (
     MIB,
     check_answers,
     cross_tenant_hits,
@@ -15,8 +15,8 @@ from bench.soak_figures import (
     memory_figures,
     shm_rounds,
 )
-from bench.soak_load import Answer
-from bench.soak_watch import Sample
+from bench.soak.load import Answer
+from bench.soak.watch import Sample
 
 
 def _s(t: float, anon_mb: float, role: str = "daemon", pid: int = 10, start: int = 1, fds: int = 20,

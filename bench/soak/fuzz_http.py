@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import httpx
 
-from bench.soak_fuzz import Tally, run_cases
-from bench.soak_fuzz_cases import http_bodies
+from bench.soak.fuzz import Tally, run_cases
+from bench.soak.fuzz_cases import http_bodies
 from engine.server import MAX_BODY_BYTES
 
 VALID = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}

@@ -1,10 +1,10 @@
 """The soak's processes: redis-server, SeaweedFS, one ``kvstore serve`` over cpu + disk + s3 + redis,
 and two ``kvengine serve`` replicas that share it — each one a handle that can be SIGKILLed and
-brought back on the same address (the fault schedule's verbs: bench/soak.py).
+brought back on the same address (the fault schedule's verbs: bench/soak/run.py).
 
 Every process runs in its own session under ``work``, with its log there; ``Cluster`` stops them
 all on exit, whatever happened. ``processes()`` names what the watcher samples: each replica and
-the daemon as they are *now* (a restarted daemon is a new process: bench/soak_watch.py keeps
+the daemon as they are *now* (a restarted daemon is a new process: bench/soak/watch.py keeps
 each incarnation apart).
 """
 

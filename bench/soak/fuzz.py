@@ -1,16 +1,16 @@
 """The fuzzer: malformed inputs to the block decoder, every gRPC handler of a real daemon, its raw
 stream channel and the engine's HTTP API; each case must end in a clear answer within its deadline.
 
-    python -m bench.soak_fuzz --fuzz-cases 10000 [--seed 1] [--out F.json] [--http URL] [--only daemon|http]
+    python -m bench.soak.fuzz --fuzz-cases 10000 [--seed 1] [--out F.json] [--http URL] [--only daemon|http]
 
 starts a ``kvstore serve`` (cpu + disk, auth on) on a free loopback port and fuzzes it (with
-``--http``, 15 % of the cases go to that ``kvengine serve`` instead); the soak (bench/soak.py)
+``--http``, 15 % of the cases go to that ``kvengine serve`` instead); the soak (bench/soak/run.py)
 runs both sides beside its own cluster, the HTTP side against one of its replicas. A *crash* is a case that ends
 any other way: an exception the decoder should not raise, a gRPC status that is not a clear
 refusal (UNKNOWN from an uncaught exception, INTERNAL, UNAVAILABLE, DEADLINE_EXCEEDED for a hang,
 or any refusal without a message), a stream-channel reply that is not well-framed, an HTTP 5xx,
 or a daemon that no longer serves its canary blocks byte for byte afterwards. Cases come from
-hypothesis strategies (bench/soak_fuzz_cases.py) under a fixed seed: a run is reproducible.
+hypothesis strategies (bench/soak/fuzz_cases.py) under a fixed seed: a run is reproducible.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def check_block(buf: bytes) -> str | None:
 
 
 def fuzz_blocks(n: int, seed: int) -> Tally:
-    from bench.soak_fuzz_cases import bad_blocks
+    from bench.soak.fuzz_cases import bad_blocks
 
     tally = Tally()
 
@@ -157,7 +157,7 @@ HTTP_SHARE = 0.15  # of all cases, when the HTTP API is fuzzed too
 
 def split_cases(total: int) -> dict[str, int]:
     """How ``total`` daemon-side cases divide between the targets (every gRPC handler gets its share)."""
-    from bench.soak_fuzz_grpc import HANDLERS
+    from bench.soak.fuzz_grpc import HANDLERS
 
     weights = {"block": 3, "stream": 2, **dict.fromkeys(HANDLERS, 1)}
     unit = total / sum(weights.values())
@@ -169,7 +169,7 @@ def split_cases(total: int) -> dict[str, int]:
 def fuzz_daemon_side(address: str, token: str, total: int, seed: int, work: Path, deadline_s: float = 10.0,
                      log_path: Path | None = None) -> Tally:  # fmt: skip
     """``total`` cases over the block decoder, every gRPC handler and the stream channel of ``address``."""
-    from bench.soak_fuzz_grpc import GrpcFuzzer
+    from bench.soak.fuzz_grpc import GrpcFuzzer
 
     shares = split_cases(total)
     tally = fuzz_blocks(shares.pop("block"), seed)
@@ -179,7 +179,7 @@ def fuzz_daemon_side(address: str, token: str, total: int, seed: int, work: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.soak_fuzz", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.soak.fuzz", description=__doc__.split("\n")[0])
     ap.add_argument("--fuzz-cases", type=int, default=10_000, help="cases in all (default %(default)s)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--address", default="", help="fuzz this daemon (default: start one)")
@@ -198,12 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         if daemon_cases and a.address:
             tally.merge(fuzz_daemon_side(a.address, a.token, daemon_cases, a.seed, work))
         elif daemon_cases:
-            from bench.soak_fuzz_grpc import fuzz_daemon
+            from bench.soak.fuzz_grpc import fuzz_daemon
 
             with fuzz_daemon(work) as (address, token, log):
                 tally.merge(fuzz_daemon_side(address, token, daemon_cases, a.seed, work, log_path=log))
     if http_cases:
-        from bench.soak_fuzz_http import fuzz_http
+        from bench.soak.fuzz_http import fuzz_http
 
         tally.merge(fuzz_http(a.http, http_cases, a.seed))
     doc = {**tally.as_json(), "seed": a.seed, "wall_s": round(time.monotonic() - t0, 1)}

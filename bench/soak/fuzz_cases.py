@@ -1,4 +1,4 @@
-"""Malformed inputs for the fuzzer (bench/soak_fuzz.py), as hypothesis strategies.
+"""Malformed inputs for the fuzzer (bench/soak/fuzz.py), as hypothesis strategies.
 
 Three kinds per target, so that cases get past the first check as well as fail at it:
 - structured: a well-typed message whose values are wild (boundary integers, empty and

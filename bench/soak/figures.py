@@ -1,6 +1,6 @@
-"""The soak's figures, as pure functions of what it recorded (tests: tests/bench/test_soak_figures.py).
+"""The soak's figures, as pure functions of what it recorded (tests: tests/bench/soak/test_figures.py).
 
-Growth is measured per process identity (bench/soak_watch.py), after warm-up: from the median of
+Growth is measured per process identity (bench/soak/watch.py), after warm-up: from the median of
 the first fifth of an identity's samples past ``max(warm mark, its own start + warm_s)`` to the
 median of the last fifth (at least ``window`` = 3 samples each) — a restarted daemon is compared
 with itself, never with the process it replaced; a spike, or the allocator's ±10 MB swings, at
@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from bench.soak_watch import Sample
+from bench.soak.watch import Sample
 
 MIB = 1024**2
 
