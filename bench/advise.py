@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="three sizes per chain (< 2 min)")
     args = ap.parse_args(argv)
     fractions = (0.15, 0.4, 0.8) if args.quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2)
-    from bench.e2e_support import git_revision  # (imports torch: kept out of the figures' import)
+    from bench.e2e.support import git_revision  # (imports torch: kept out of the figures' import)
 
     machine = {"cpu_count": os.cpu_count(), "git_revision": git_revision(), "loadavg_start": list(os.getloadavg())}
     t0 = time.perf_counter()

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.e2e_support import machine_facts
+from bench.e2e.support import machine_facts
 from bench.serve.client import at_offsets, client, send
 from bench.serve.figures import point_stats, tokens_by_source
 from bench.vllm_workload import (

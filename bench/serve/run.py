@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.e2e_support import machine_facts
+from bench.e2e.support import machine_facts
 from bench.serve.drive import Plan, run_all
 from bench.serve.figures import target_figures
 from bench.serve.modes import CONNECTOR_ENV, MODES, QUICK_MODES, EngineSpec, mode_server

@@ -17,7 +17,7 @@ grid        for each length and each f in RATIOS, a tier speed at which the cost
             model, with the online correction it learns from the engine's timed steps, carries
             from case to case as it would in a running engine; the tiers' models do not.
 
-Figures (bench.e2e_figures): ``accuracy`` over cases whose measured options differ by >= 10%,
+Figures (bench.e2e.figures): ``accuracy`` over cases whose measured options differ by >= 10%,
 ``regret`` = Σ(chosen − best) / Σ best over all cases, and the median relative prediction error
 of loads and of recomputes, separately.
 """
@@ -28,8 +28,8 @@ import logging
 import statistics
 import uuid
 
-from bench import e2e_figures as fig
-from bench.e2e_support import Bench, offload_prefix, run
+from bench.e2e import figures as fig
+from bench.e2e.support import Bench, offload_prefix, run
 
 log = logging.getLogger("bench.e2e")
 

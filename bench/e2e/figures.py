@@ -1,5 +1,5 @@
 """How bench.e2e turns timings into figures: pure functions, unit-tested on synthetic inputs
-(tests/bench/test_e2e_figures.py).
+(tests/bench/e2e/test_figures.py).
 
 repeated_median
     the median of >= ``min_reps`` samples (a headline is never one sample).

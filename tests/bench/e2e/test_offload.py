@@ -1,4 +1,4 @@
-"""bench.e2e_support.offload_prefix on the tiny model and a real daemon: what it stores is the KV
+"""bench.e2e.support.offload_prefix on the tiny model and a real daemon: what it stores is the KV
 of the prompt, even in a pool so small that attaching a connector (its start-up probe takes 16
 scratch pages) would evict the pages being saved if they were not held."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.e2e_support import Bench, offload_prefix, run
+from bench.e2e.support import Bench, offload_prefix, run
 from connector.cost_model import PrefillModel
 from connector.wiring import detach_tierkv
 from tests.fixtures_kvstore import daemon

@@ -10,8 +10,8 @@ import logging
 import time
 import uuid
 
-from bench import e2e_figures as fig
-from bench.e2e_support import Bench, loaded_by_tier, run
+from bench.e2e import figures as fig
+from bench.e2e.support import Bench, loaded_by_tier, run
 from connector.wiring import detach_tierkv
 
 log = logging.getLogger("bench.e2e")

@@ -1,11 +1,11 @@
-"""bench.e2e_figures on synthetic timings: each figure is the computation it claims, comes out
+"""bench.e2e.figures on synthetic timings: each figure is the computation it claims, comes out
 low / false where it should, and refuses inputs no figure can come from."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import e2e_figures as fig
+from bench.e2e import figures as fig
 
 MB = 1_000_000
 

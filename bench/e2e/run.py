@@ -7,16 +7,16 @@ real daemons in subprocesses: one per tier (cpu only, disk only, s3 only on a lo
 so a hit's tier is never ambiguous. Each section uses its own ``cache_salt``, so sections never
 see each other's blocks. Requests run one at a time; TTFT is admission to first token.
 
-Sections (one module each; every figure is computed by a pure function in bench.e2e_figures):
-  headline   (bench.e2e_headline) a 2k-token document + question: cold TTFT and warm TTFT from
+Sections (one module each; every figure is computed by a pure function in bench.e2e.figures):
+  headline   (bench.e2e.headline) a 2k-token document + question: cold TTFT and warm TTFT from
              each tier as medians of >= 3 warmed runs, the radix hit, fidelity, and the load
              against the memcpy time of its bytes (``load_over_floor_cpu``; beside it,
              ``load_over_cold_memcpy_cpu``: against a copy of those bytes timed in the cache state
              the load finds, right after the previous round's prefills).
-  replicas   (bench.e2e_headline) two engines sharing the cpu daemon.
-  cost_model (bench.e2e_grid) the load-or-recompute decision on a grid placed around its
+  replicas   (bench.e2e.headline) two engines sharing the cpu daemon.
+  cost_model (bench.e2e.grid) the load-or-recompute decision on a grid placed around its
              crossover: accuracy, regret, prediction errors of loads and recomputes.
-  workloads  (bench.e2e_workloads) multi-round chat and long-document QA, by configuration.
+  workloads  (bench.e2e.workloads) multi-round chat and long-document QA, by configuration.
 
 Top-level keys: ``cold_ttft_s`` (now a median of ``cold_ttft_reps`` warmed runs; it was one
 un-warmed run, recorded as ``headline.cold_warmup_ttft_s``), ``warm_ttft_s``, ``speedup_cpu``,
@@ -33,7 +33,6 @@ import argparse
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 import uuid
@@ -42,10 +41,10 @@ from pathlib import Path
 
 import torch
 
-from bench.e2e_grid import cost_model_grid
-from bench.e2e_headline import headline, replicas
-from bench.e2e_support import Bench, kv_daemon, machine_facts
-from bench.e2e_workloads import workloads
+from bench.e2e.grid import cost_model_grid
+from bench.e2e.headline import headline, replicas
+from bench.e2e.support import Bench, kv_daemon, machine_facts
+from bench.e2e.workloads import workloads
 from engine.model_loader import load_model
 
 log = logging.getLogger("bench.e2e")
@@ -57,7 +56,7 @@ GRID_SUMMARY = ("grid_cases", "decisive_cases", "accuracy", "regret", "load_medi
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=1,
@@ -120,7 +119,3 @@ def main(argv: list[str] | None = None) -> int:
     summary = {k: result[k] for k in SUMMARY} | {"cost_model": {k: result["cost_model"][k] for k in GRID_SUMMARY}}
     print(json.dumps(summary | {"machine": machine}, indent=2, default=float))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

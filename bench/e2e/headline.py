@@ -21,8 +21,8 @@ import uuid
 
 import numpy as np
 
-from bench import e2e_figures as fig
-from bench.e2e_support import Bench, loaded_by_tier, memcpy_bandwidth, offload_prefix, run
+from bench.e2e import figures as fig
+from bench.e2e.support import Bench, loaded_by_tier, memcpy_bandwidth, offload_prefix, run
 from connector.wiring import detach_tierkv
 
 log = logging.getLogger("bench.e2e")
