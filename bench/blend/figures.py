@@ -1,5 +1,5 @@
 """How bench.blend turns generated tokens into figures: pure functions, unit-tested on synthetic
-inputs (tests/bench/test_blend_figures.py).
+inputs (tests/bench/blend/test_figures.py).
 
 continuation_f1
     LCS-F1 on tokens between a method's 32-token greedy continuation and full prefill's, both
@@ -7,7 +7,7 @@ continuation_f1
     P = L / len(method), R = L / len(reference), F1 = 2PR / (P + R) (1.0 when both are empty).
 answer_agreement
     The answer terms of a continuation are, in order of appearance in its decoded text, the
-    occurrences of the workload's answer vocabulary (bench.blend_data.ANSWER_VOCAB: colours, jobs,
+    occurrences of the workload's answer vocabulary (bench.blend.data.ANSWER_VOCAB: colours, jobs,
     cities, landmarks, pets, places, crew names; case-insensitive, whole words) and of numbers
     (thousands separators and ordinal suffixes dropped: 'the 40th day' names 40).
     A method agrees with full prefill on a case when the first ANSWER_TERMS answer terms of its

@@ -2,16 +2,16 @@
 
     python -m bench.blend --out F.json [--quick] [--threads 1]
 
-Workload (bench/blend_data.py): system prompt + 4-8 retrieved fact chunks of 128-256 tokens in
+Workload (bench/blend/data.py): system prompt + 4-8 retrieved fact chunks of 128-256 tokens in
 random order + a question whose answer is in them (facts split across chunks), and one coherent
 chronicle cut into consecutive chunks. Methods: full prefill (the reference); reuse_0 (chunks
 re-rotated, nothing recomputed after layer 1 but the question); blend_r at r in RATIOS with the
-selection strategy SELECTION (connector/blend/selection.py; chosen by bench.blend_compare, see
+selection strategy SELECTION (connector/blend/selection.py; chosen by bench.blend.compare, see
 bench/results/blend_strategies.json); random_r (the same budget, random tokens). random at r = 0
 is reuse_0 and at r = 1 is blend_1.0 (both recompute the same set), so the curve takes them from
 there.
 
-Per method against full prefill (bench/blend_figures.py defines each figure): the 32-token
+Per method against full prefill (bench/blend/figures.py defines each figure): the 32-token
 continuation's LCS-F1 and answer agreement, first-token agreement, exact 32-token match and mean
 matching prefix, KL(full || method) at the last prompt position. ``curve`` holds the F1 and
 agreement per r for blend and random; ``default_ratio`` is the smallest r meeting the quality bar;
@@ -31,16 +31,16 @@ import time
 
 import torch
 
-from bench.blend_data import make_cases, timing_case
-from bench.blend_figures import MIN_ANSWER_AGREEMENT, MIN_CONTINUATION_F1, beats, default_ratio, median_timing
-from bench.blend_quality import Method, run_quality, summarize
+from bench.blend.data import make_cases, timing_case
+from bench.blend.figures import MIN_ANSWER_AGREEMENT, MIN_CONTINUATION_F1, beats, default_ratio, median_timing
+from bench.blend.quality import Method, run_quality, summarize
 from connector.blend import Blender, InProcessChunkStore, build_blend_request
 from connector.blend.selection import Selection
 from engine.model import LlamaModel
 from engine.model_loader import load_model
 
 RATIOS = (0.0, 0.05, 0.15, 0.3, 0.5, 1.0)
-# The winner of bench.blend_compare (bench/results/blend_strategies.json, 20 cases): V deviation,
+# The winner of bench.blend.compare (bench/results/blend_strategies.json, 20 cases): V deviation,
 # one set for every layer. No strategy beat random selection at r = 0.15 or 0.3 there; V had the
 # best mean continuation F1 (0.684 vs K 0.644, attention 0.646, gradual 0.642-0.650), and sink
 # tokens changed nothing at those r (the deviation ranking already holds each chunk's first tokens).
@@ -109,7 +109,7 @@ def curve_of(methods: dict) -> dict[float, dict[str, float]]:
 
 
 def verdict(stats: dict, curve: dict[float, dict[str, float]]) -> dict:
-    """default_ratio and the beats booleans at it (bench/blend_figures.py)."""
+    """default_ratio and the beats booleans at it (bench/blend/figures.py)."""
     r = default_ratio(curve)
     b, rnd = method_names(r)
 
@@ -129,7 +129,7 @@ def load_blender(args) -> tuple[Blender, object]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.blend", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="10 requests (a busy 2-core box), shorter chunks, TTFT at ~2k only")
     ap.add_argument("--requests", type=int, default=0, help="override the number of requests")
@@ -206,7 +206,3 @@ def main(argv: list[str] | None = None) -> dict:
     log.info("wrote %s in %.0fs: default_ratio %s, beats reuse_0 %s, beats random %s", args.out,
              result["elapsed_s"], result["default_ratio"], result["blend_beats_reuse0"], result["blend_beats_random"])
     return result
-
-
-if __name__ == "__main__":
-    main()

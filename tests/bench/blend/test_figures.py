@@ -1,4 +1,4 @@
-"""How bench.blend computes its figures (bench/blend_figures.py), on synthetic inputs: no model.
+"""How bench.blend computes its figures (bench/blend/figures.py), on synthetic inputs: no model.
 
 Each figure has a case where it must come out low or false, so none of them can only flatter."""
 
@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.blend import curve_of, method_names, verdict
-from bench.blend_data import ANSWER_VOCAB
-from bench.blend_figures import (
+from bench.blend.data import ANSWER_VOCAB
+from bench.blend.figures import (
     MIN_ANSWER_AGREEMENT,
     MIN_CONTINUATION_F1,
     answer_agreement,
@@ -20,6 +19,7 @@ from bench.blend_figures import (
     median_timing,
     trim_at_eos,
 )
+from bench.blend.run import curve_of, method_names, verdict
 
 
 def test_lcs_len():

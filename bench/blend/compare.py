@@ -1,6 +1,6 @@
 """Which token-selection strategy earns the selective recompute its keep (bench.blend uses the winner).
 
-    python -m bench.blend_compare --out F.json [--requests 20] [--threads 1]
+    python -m bench.blend.compare --out F.json [--requests 20] [--threads 1]
 
 Every strategy (a score and a connector.blend.selection.Selection) runs on the same cases as
 bench.blend's quick workload at each ratio in RATIOS, next to reuse_0 and random selection at the
@@ -8,7 +8,7 @@ same ratios, against full prefill. Per strategy and ratio: continuation LCS-F1, 
 KL at the last prompt position and compute_share (rows recomputed over the selective layers, as a
 share of a full prefill's: gradual filtering recomputes more than r at its first layers). The
 winner has the highest continuation F1 averaged over RATIOS; ``beats_random`` /
-``beats_reuse0`` per ratio use bench/blend_figures.beats on the paired cases.
+``beats_reuse0`` per ratio use bench.blend.figures.beats on the paired cases.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import logging
 import statistics
 import time
 
-from bench.blend import load_blender
-from bench.blend_data import make_cases
-from bench.blend_figures import beats
-from bench.blend_quality import Method, run_quality, summarize
+from bench.blend.data import make_cases
+from bench.blend.figures import beats
+from bench.blend.quality import Method, run_quality, summarize
+from bench.blend.run import load_blender
 from connector.blend import Blender
 from connector.blend.selection import Selection
 
@@ -50,7 +50,7 @@ def compare_methods(base: Blender) -> dict[str, Method]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.blend.compare", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--model", default="")
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    log = logging.getLogger("bench.blend_compare")
+    log = logging.getLogger("bench.blend.compare")
     t0 = time.perf_counter()
     base, lm = load_blender(args)
     methods = compare_methods(base)

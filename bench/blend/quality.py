@@ -1,5 +1,5 @@
 """One CacheBlend quality pass: every case through full prefill and every method, greedy 32-token
-continuations decoded in lockstep, per-method per-case figures (bench/blend_figures.py)."""
+continuations decoded in lockstep, per-method per-case figures (bench/blend/figures.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import statistics
 
 import torch
 
-from bench.blend_data import ANSWER_VOCAB
-from bench.blend_figures import answer_agreement, answer_terms, lcs_f1, trim_at_eos
+from bench.blend.data import ANSWER_VOCAB
+from bench.blend.figures import answer_agreement, answer_terms, lcs_f1, trim_at_eos
 from connector.blend import Blender, build_blend_request
 from connector.blend.blender import CHECK_LAYER
 from engine.model import LlamaModel

@@ -48,7 +48,7 @@ def _bare(phrase: str) -> str:
     return phrase
 
 
-# What answers are made of (bench/blend_figures.py's answer terms; numbers count too): every value
+# What answers are made of (bench/blend/figures.py's answer terms; numbers count too): every value
 # a fact question or the chronicle's question can be answered with.
 ANSWER_VOCAB = tuple(dict.fromkeys(
     COLORS + JOBS + CITIES + [_bare(x) for x in LANDMARKS + PETS + PLACES] + ["Mira", "Tobin", "Hask", "twins"]))
