@@ -12,7 +12,7 @@ the tier sets it up, so a ratio prices our wrapper and nothing else.
   key (what a batched caller could do; reported beside, not used for the ratio).
 
 The settings are written out here rather than read from the tiers' private attributes;
-tests/bench/test_tiers_figures.py compares them with what the tiers actually build, so a tier
+tests/bench/tiers/test_figures.py compares them with what the tiers actually build, so a tier
 that changes its settings fails that test until the baseline follows.
 """
 

@@ -4,8 +4,8 @@ A ``kvstore serve`` subprocess (default cpu tier) and the Redis at ``redis_url``
 with the same 0.5-2 MB encoded blocks; then a *separate client process* — the situation of an
 engine replica beside the daemon — reads all blocks through ``KVStoreClient`` and through
 redis-py, rounds interleaved so both see the same machine state, and reports the median
-throughput of each (bench.tier_figures). The Redis side is redis-py with hiredis and RedisTier's
-1 MiB socket reads (bench.tier_baselines), the best of a GET loop, a pipelined GET batch and one
+throughput of each (bench.tiers.figures). The Redis side is redis-py with hiredis and RedisTier's
+1 MiB socket reads (bench.tiers.baselines), the best of a GET loop, a pipelined GET batch and one
 MGET (``redis_get_gbps``, ``redis_baseline`` names the winner), all returning fresh bytes.
 
 - ``vs_redis`` (the headline; issue 9): ``get_copy_gbps / redis_get_gbps``, bytes the caller owns
@@ -26,7 +26,7 @@ MGET (``redis_get_gbps``, ``redis_baseline`` names the winner), all returning fr
   start). 1- and 4-client runs alternate, 3 of each, medians compared; the load average is
   recorded, since the machine may be shared.
 
-    python -m bench.tiers_daemon --redis redis://127.0.0.1:6379/0 [--quick]
+    python -m bench.tiers.daemon --redis redis://127.0.0.1:6379/0 [--quick]
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from bench import tier_figures as fig
 from bench.servers import spawn_daemon, stop_daemon
+from bench.tiers import figures as fig
 
 LOOPBACK = "127.0.0.1"
 
@@ -85,7 +85,7 @@ def _pool_sink(sizes: list[int]) -> Callable[[int, memoryview], None]:
 
 def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> None:
     """Runs in the separate client process: prints one JSON line of timings."""
-    from bench.tier_baselines import redis_client_like
+    from bench.tiers.baselines import redis_client_like
     from kvstore.client import KVStoreClient
 
     spec = json.loads(Path(keys_file).read_text())
@@ -149,7 +149,7 @@ def _scaling_client_main(address: str, keys_file: str, rounds: int) -> None:
 
 def _aggregate_gbps(clients: int, address: str, keys_file: Path, rounds: int) -> float:
     """Aggregate copying-get GB/s of ``clients`` processes reading at once."""
-    argv = [sys.executable, "-m", "bench.tiers_daemon", "--scaling-client", "--address", address,
+    argv = [sys.executable, "-m", "bench.tiers.daemon", "--scaling-client", "--address", address,
             "--keys-file", str(keys_file), "--rounds", str(rounds)]  # fmt: skip
     procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(clients)]
     try:
@@ -223,7 +223,7 @@ QUICK, FULL = Plan(blocks=32, rounds=5, tcp_blocks=12), Plan(blocks=96, rounds=9
 
 def measure_daemon(quick: bool, redis_url: str, plan: Plan | None = None) -> dict[str, Any]:
     """Start a daemon, load it and Redis with the same blocks, time gets from another process."""
-    from bench.tier_baselines import redis_client_like
+    from bench.tiers.baselines import redis_client_like
     from kvstore.client import KVStoreClient
 
     plan = plan or (QUICK if quick else FULL)
@@ -244,7 +244,7 @@ def measure_daemon(quick: bool, redis_url: str, plan: Plan | None = None) -> dic
                                              "tcp_keys": [k.hex() for k, _ in tcp_blocks],
                                              "tcp_sizes": [len(b) for _, b in tcp_blocks]}))
             out = subprocess.run(
-                [sys.executable, "-m", "bench.tiers_daemon", "--client", "--address", address, "--redis", redis_url,
+                [sys.executable, "-m", "bench.tiers.daemon", "--client", "--address", address, "--redis", redis_url,
                  "--keys-file", str(keys_file), "--rounds", str(rounds)],
                 capture_output=True, text=True, timeout=600, check=True,
             )  # fmt: skip
@@ -268,7 +268,7 @@ def measure_daemon(quick: bool, redis_url: str, plan: Plan | None = None) -> dic
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.tiers.daemon", description=__doc__.splitlines()[0])
     ap.add_argument("--redis", help="redis:// URL (default: start a private redis-server)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)

@@ -3,7 +3,7 @@
 The figure functions are pure: each is checked on synthetic timings, including cases where the
 figure must come out low or false. The baseline clients are compared with what the tiers build
 (lmdb flags, botocore Config, redis-py connection options), so a tier that changes its settings
-fails here until bench/tier_baselines.py follows. No timing is asserted anywhere.
+fails here until bench/tiers/baselines.py follows. No timing is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -13,10 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import tier_figures as fig
-from bench.page_cache import DirectReader, PageCacheError, drop_pages, lmdb_value_span, resident_fraction
-from bench.tier_passes import Passes
-from bench.tiers_daemon import figures as daemon_figures
+from bench.tiers import figures as fig
+from bench.tiers.daemon import figures as daemon_figures
+from bench.tiers.page_cache import (
+    DirectReader,
+    PageCacheError,
+    drop_pages,
+    lmdb_value_span,
+    resident_fraction,
+)
+from bench.tiers.passes import Passes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,7 +113,7 @@ def test_daemon_headline_is_the_copying_path_against_the_best_redis():
 
 # -- baselines set up like the tiers -----------------------------------------------------
 def test_lmdb_baseline_opens_like_the_disk_tier(tmp_path):
-    from bench.tier_baselines import lmdb_open_like
+    from bench.tiers.baselines import lmdb_open_like
     from tiers.disk import DiskTier
 
     with DiskTier(tmp_path / "tier", 8 << 20) as tier:
@@ -122,7 +128,7 @@ def test_lmdb_baseline_opens_like_the_disk_tier(tmp_path):
 
 def test_s3_baseline_uses_the_tiers_botocore_config():
     from bench.servers import S3Endpoint
-    from bench.tier_baselines import s3_client_like
+    from bench.tiers.baselines import s3_client_like
     from tiers.s3 import S3Tier
 
     ep = S3Endpoint("http://127.0.0.1:9", "key", "secret")  # nothing is called: no server needed
@@ -140,7 +146,7 @@ def test_s3_baseline_uses_the_tiers_botocore_config():
 
 
 def test_redis_baseline_uses_the_tiers_connection_options_and_hiredis(redis_url):
-    from bench.tier_baselines import redis_client_like
+    from bench.tiers.baselines import redis_client_like
     from tiers.redis import RedisTier
 
     names = ("socket_timeout", "socket_connect_timeout", "socket_read_size", "health_check_interval")
@@ -159,7 +165,7 @@ def test_redis_baseline_uses_the_tiers_connection_options_and_hiredis(redis_url)
 def test_redis_baseline_refuses_to_run_without_hiredis(monkeypatch):
     import redis.utils
 
-    from bench.tier_baselines import BaselineError, redis_client_like
+    from bench.tiers.baselines import BaselineError, redis_client_like
 
     monkeypatch.setattr(redis.utils, "HIREDIS_AVAILABLE", False)
     with pytest.raises(BaselineError, match="hiredis"):
@@ -175,7 +181,7 @@ def _direct_or_skip(path: Path, workers: int = 1) -> DirectReader:
 
 
 def test_direct_reads_the_bytes_lmdb_holds_and_the_drop_empties_the_cache(tmp_path):
-    from bench.tier_baselines import lmdb_open_like
+    from bench.tiers.baselines import lmdb_open_like
 
     rng = np.random.default_rng(3)
     vals = {rng.bytes(32): rng.bytes(int(n)) for n in rng.integers(5000, 3 << 20, 6)}
@@ -206,8 +212,8 @@ def test_direct_reader_refuses_unaligned_pieces(tmp_path):
 
 
 def test_bench_disk_reports_cold_figures_from_a_real_drop(tmp_path):
-    from bench.tier_disk import bench_disk
-    from bench.tiers import make_blocks
+    from bench.tiers.disk import bench_disk
+    from bench.tiers.run import make_blocks
 
     probe = tmp_path / "probe"
     probe.write_bytes(b"x" * 4096)
@@ -231,7 +237,7 @@ def test_bench_disk_reports_cold_figures_from_a_real_drop(tmp_path):
 
 # -- the daemon section, end to end on a real daemon and Redis (tiny plan) ------------------
 def test_daemon_bench_reports_copying_headline_and_streamed_path(redis_url):
-    from bench.tiers_daemon import Plan, measure_daemon
+    from bench.tiers.daemon import Plan, measure_daemon
 
     out = measure_daemon(quick=True, redis_url=redis_url, plan=Plan(blocks=3, rounds=2, tcp_blocks=2,
                                                                       scaling_reps=1, scaling_clients=2))
@@ -257,7 +263,7 @@ def test_cpu_baseline_copies_out_of_memory_of_the_arenas_kind():
     """The cpu ratio's baseline reads memory of the kind the tier's arena is: a memfd for the
     shared arena (not private memory, whose huge pages the memfd cannot have), private memory
     for a private arena; the bytes a baseline reads are the blocks' own, at aligned offsets."""
-    from bench.tiers import _laid_out, baseline_memory
+    from bench.tiers.run import _laid_out, baseline_memory
     from tiers.cpu import CpuTier
 
     with CpuTier(1 << 22) as shared, CpuTier(1 << 22, shared=False) as private:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import tier_figures as fig
+from bench.tiers import figures as fig
 from tiers.base import Tier
 
 Block = tuple[bytes, np.ndarray]

@@ -1,5 +1,5 @@
-"""How bench.tiers and bench.tiers_daemon turn timings into figures: pure functions, unit-tested
-on synthetic inputs (tests/bench/test_tiers_figures.py).
+"""How bench.tiers and bench.tiers.daemon turn timings into figures: pure functions, unit-tested
+on synthetic inputs (tests/bench/tiers/test_figures.py).
 
 Every sample is the wall time of one pass over the same bytes, so a rate is ``bytes / time``.
 

@@ -2,7 +2,7 @@
 
 Why this shape: a tier's absolute GB/s says more about the machine than about our code, so each
 tier is measured against the strongest direct call of its own library with the tier's own client
-settings (bench.tier_baselines), on the same bytes from the same place:
+settings (bench.tiers.baselines), on the same bytes from the same place:
   cpu   get (memoryview) copied into a buffer  vs  numpy copy of the same bytes into that buffer out
         of memory of the arena's kind (the default arena is a memfd clients map, ``page_kind`` its
         pages: the baseline copies out of another memfd made the same way, ``baseline_page_kind``);
@@ -12,14 +12,14 @@ settings (bench.tier_baselines), on the same bytes from the same place:
         a copy straight out of the arena, i.e. the wrapper alone, without its pages)
   disk  get (lmdb, copy out of the read txn)   vs  raw lmdb txn.get, env opened with the tier's flags
         cold: get after dropping the file's pages  vs  the fastest of raw lmdb and O_DIRECT reads of the
-        same bytes into memory the caller owns, pages dropped too (bench.tier_disk; cold_view_ratio:
+        same bytes into memory the caller owns, pages dropped too (bench.tiers.disk; cold_view_ratio:
         against O_DIRECT reads left in a buffer the next read reuses)
   s3    get                                    vs  boto3 get_object().read() with S3Tier's Config
   redis get                                    vs  redis-py GET, hiredis, RedisTier's socket read size;
                                                    one MGET of every key reported beside (mget_gbps)
-Baseline and tier reads alternate block by block (bench.tier_passes); ``ratio = get / raw`` is the
+Baseline and tier reads alternate block by block (bench.tiers.passes); ``ratio = get / raw`` is the
 ratio of medians, ``paired_ratio`` the median over repetitions of raw time / tier time of the
-same pass (bench.tier_figures). ``meta`` records cores, load average before and after, git revision.
+same pass (bench.tiers.figures). ``meta`` records cores, load average before and after, git revision.
 
 Baselines changed (issue 9): ``tiers.{disk,s3,redis}.ratio`` keep their names, but until then
 disk's baseline was ``os.pread`` of a plain file, s3's a default boto3 client (checksum validation
@@ -46,11 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from bench import tier_figures as fig
 from bench.servers import S3Endpoint, prepare_bucket, redis_server, seaweedfs_s3
-from bench.tier_baselines import redis_client_like, s3_client_like
-from bench.tier_disk import bench_disk
-from bench.tier_passes import Block, measure
+from bench.tiers import figures as fig
+from bench.tiers.baselines import redis_client_like, s3_client_like
+from bench.tiers.disk import bench_disk
+from bench.tiers.passes import Block, measure
 
 MiB = 1 << 20
 TARGETS = {"cpu": 0.9, "disk": 0.8, "s3": 0.8, "redis": 0.9}
@@ -196,7 +196,7 @@ def bench_redis(blocks: list[Block], reps: int, url: str) -> dict[str, Any]:
 
 
 def measure_daemon_section(quick: bool, redis_url: str) -> dict[str, Any]:
-    from bench.tiers_daemon import measure_daemon
+    from bench.tiers.daemon import measure_daemon
 
     try:
         return dict(measure_daemon(quick=quick, redis_url=redis_url))
@@ -270,7 +270,7 @@ def _git_revision() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.tiers", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="where to write the JSON results")
     ap.add_argument("--quick", action="store_true", help="fewer blocks and repetitions (< 4 min)")
     ap.add_argument("--disk-dir", help="where the disk tier's files go (default: the system temp dir; it "
@@ -297,7 +297,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"daemon: {daemon}")
     print(f"load average before {report['meta']['loadavg_before']}, after {report['meta']['loadavg_after']}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 Warm (page cache holds both files): ``DiskTier.get`` vs ``txn.get`` on a second lmdb environment
 opened with the tier's flags and map size and written with the same blocks, block by block
-interleaved (bench.tier_passes). Figures: ``ratio``, ``paired_ratio``.
+interleaved (bench.tiers.passes). Figures: ``ratio``, ``paired_ratio``.
 
 Cold: on a fresh tier and a fresh raw environment, each written once with the same blocks in the
 same order (the warm part rewrites the tier's blocks many times, which scatters its pages; the
@@ -36,10 +36,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import tier_figures as fig
-from bench.page_cache import DirectReader, drop_pages, lmdb_value_span, resident_fraction
-from bench.tier_baselines import lmdb_get, lmdb_open_like
-from bench.tier_passes import Block, measure, timed
+from bench.tiers import figures as fig
+from bench.tiers.baselines import lmdb_get, lmdb_open_like
+from bench.tiers.page_cache import DirectReader, drop_pages, lmdb_value_span, resident_fraction
+from bench.tiers.passes import Block, measure, timed
 
 COLD_SIDES = ("tier", "lmdb", "direct1", "direct4", "direct1_owned", "direct_fresh")
 OWNED_BASELINES = ("lmdb", "direct1_owned", "direct_fresh")  # hand back memory the caller owns, as get does
