@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from bench.vllm import summarize
-from bench.vllm_workload import (
+from bench.vllm.run import summarize
+from bench.vllm.workload import (
     ChatSpec,
     PrefixSpec,
     arrivals,
@@ -85,7 +85,7 @@ def test_targets_are_met_only_when_the_figures_are() -> None:
 
 
 def test_blocks_per_request_counts_prompt_and_answer_rounded_up() -> None:
-    from bench.vllm_workload import blocks_per_request
+    from bench.vllm.workload import blocks_per_request
 
     spec = PrefixSpec(prefixes=1, prefix_tokens=200, question_tokens=5)
     reqs = prefix_requests(spec, WordTok(), 1.0, 10.0, seed=4)
@@ -95,7 +95,7 @@ def test_blocks_per_request_counts_prompt_and_answer_rounded_up() -> None:
 
 
 def test_phases_are_means_of_the_histogram_deltas_and_none_when_nothing_counted() -> None:
-    from bench.vllm import phases
+    from bench.vllm.run import phases
 
     before = {"vllm:request_queue_time_seconds_sum": 1.0, "vllm:request_queue_time_seconds_count": 2.0}
     after = {"vllm:request_queue_time_seconds_sum": 4.0, "vllm:request_queue_time_seconds_count": 8.0,

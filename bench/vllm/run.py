@@ -13,7 +13,7 @@ the order rotates every run):
 - ``kvengine_tierkv``: our engine + the daemon's cpu tier, with a pool of the same tokens.
 Every vLLM computes on the same cores with the same thread count (connector/vllm/launch.py).
 
-Workloads (bench/vllm_workload.py): multi-round chat and shared-prefix, each with a working set
+Workloads (bench/vllm/workload.py): multi-round chat and shared-prefix, each with a working set
 measured from its requests and compared to the pool; Poisson arrivals at ``--qps`` for
 ``--duration`` s per point (quick 60, full 120); ``--runs`` runs (3), each with new text. Per mode
 and workload: TTFT mean/p90, ITL p99, completed requests/s and prompt tokens by source (vLLM's own
@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from typing import Any
 from bench.e2e.support import machine_facts
 from bench.serve.client import at_offsets, client, send
 from bench.serve.figures import point_stats, tokens_by_source
-from bench.vllm_workload import (
+from bench.vllm.workload import (
     BLOCK,
     ChatSpec,
     PrefixSpec,
@@ -286,7 +285,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"medians": brief, "targets": doc["targets"], "all_targets_met": doc["all_targets_met"],
                       "wall_s": doc["wall_s"]}, indent=1, default=float))  # fmt: skip
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
