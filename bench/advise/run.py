@@ -1,6 +1,6 @@
 """Does ``kvstore advise`` predict what the real TieredStore does? ``python -m bench.advise --out F.json``.
 
-For each synthetic workload (cyclic, zipfian, multi-round chat; bench/advise_workloads.py) it
+For each synthetic workload (cyclic, zipfian, multi-round chat; bench/advise/workloads.py) it
 replays the workload through a real TieredStore (cpu, then cpu+disk) with the daemon's trace
 recorder on, runs the advisor on that trace file, and replays again at several other sizes:
   mrc_max_abs_error               the largest |advisor's hit ratio - replay's| over every size,
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.advise_workloads import Workload, all_workloads, replay
+from bench.advise.workloads import Workload, all_workloads, replay
 from kvstore.advise import advise
 from kvstore.mrc import lru_curve, references
 from kvstore.mrc_chain import chain_hits
@@ -90,7 +90,7 @@ def run_trace(w: Workload, fractions: Sequence[float], target_share: float = 0.9
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.advise", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="where to write the JSON results")
     ap.add_argument("--quick", action="store_true", help="three sizes per chain (< 2 min)")
     args = ap.parse_args(argv)
@@ -108,7 +108,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(json.dumps({k: v for k, v in out.items() if k != "per_trace"}))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
