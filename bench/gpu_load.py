@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.e2e import Bench, headline, kv_daemon
+from bench.e2e.headline import headline
+from bench.e2e.support import Bench, kv_daemon
 from connector import native
 from connector.loader import Loader
 from engine.kv_pool import KVPool

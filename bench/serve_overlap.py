@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.e2e_support import Bench, kv_daemon, machine_facts, offload_prefix
+from bench.e2e.support import Bench, kv_daemon, machine_facts, offload_prefix
 from bench.servers import prepare_bucket, seaweedfs_s3
 from engine.forward_batch import ForwardBatch
 from engine.model_loader import load_model

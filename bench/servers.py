@@ -11,6 +11,12 @@ so each server is a context manager around a subprocess in its own temporary dir
 - ``seaweedfs_s3()`` yields an ``S3Endpoint`` (url + credentials) of ``weed server -s3``;
   ``SeaweedS3`` is its handle (the same verbs; a restart keeps its ports and data);
   ``prepare_bucket`` creates a bucket and takes its first write.
+- ``running_daemon(cache_dir, *flags)`` yields the address of a ``kvstore serve`` subprocess;
+  ``spawn_daemon``/``stop_daemon`` start and stop one whose lifetime is not a ``with`` block
+  (the demos, the benches and the tests all start their daemons here).
+- ``engine_server(*flags)`` yields a ``kvengine serve`` subprocess once ``/health`` answers;
+  ``EngineServer`` is its handle (started by the constructor, ``wait_ready()``, ``stop()``), for
+  replicas that load side by side or a test that signals the process itself.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -101,15 +107,19 @@ def _is_free(port: int) -> bool:
 
 
 class _Process:
-    """A server subprocess with its log file, stopped politely then firmly."""
+    """A server subprocess with its log file (None: this process's stdout and stderr), stopped
+    politely then firmly."""
 
-    def __init__(self, argv: list[str], workdir: Path, label: str) -> None:
-        self.label, self.log_path = label, workdir / f"{label}.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+    def __init__(self, argv: list[str], log_path: Path | None, label: str, *, cwd: Path | None = None,
+                 env: Mapping[str, str] | None = None, new_session: bool = True) -> None:
+        self.label, self.log_path = label, log_path
+        with open(log_path, "wb") if log_path is not None else contextlib.nullcontext() as log:
+            self.proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT if log else None,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=new_session)
 
     def log_tail(self, n: int = 2000) -> str:
+        if self.log_path is None:
+            return ""
         with contextlib.suppress(OSError):
             return self.log_path.read_bytes()[-n:].decode(errors="replace")
         return ""
@@ -130,7 +140,8 @@ class _Process:
                 self.proc.wait(5)
 
 
-def _wait_until(ready: Callable[[], bool], procs: list[_Process], timeout_s: float, what: str) -> None:
+def _wait_until(ready: Callable[[], bool], procs: list[_Process], timeout_s: float, what: str,
+                every_s: float = 0.1) -> None:
     deadline, last = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
         for p in procs:
@@ -140,7 +151,7 @@ def _wait_until(ready: Callable[[], bool], procs: list[_Process], timeout_s: flo
                 return
         except Exception as e:  # noqa: BLE001 - any failure just means "not yet"
             last = e
-        time.sleep(0.1)
+        time.sleep(every_s)
     logs = "\n".join(p.log_tail() for p in procs)
     raise ServerError(f"{what} not ready after {timeout_s}s (last error: {last}):\n{logs}")
 
@@ -212,7 +223,8 @@ class RedisServer(_Pausable):
         """(Re)start on the same port (empty: nothing is saved)."""
         self.stop()
         extra = ["--requirepass", self._password] if self._password is not None else []
-        self._p = _Process(_redis_argv(self.port, self._workdir, extra), self._workdir, f"redis-{self.port}")
+        self._p = _Process(_redis_argv(self.port, self._workdir, extra), self._workdir / f"redis-{self.port}.log",
+                           f"redis-{self.port}", cwd=self._workdir)
         _start_or_stop(self._p, lambda: _redis_ping(self.port, self._password), 10, "redis-server")
 
     def stop(self) -> None:
@@ -248,7 +260,8 @@ def redis_cluster(nodes: int = 3) -> Iterator[list[str]]:
                 wd.mkdir()
                 extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                          "--cluster-node-timeout", "3000"]
-                procs.append(_Process(_redis_argv(port, wd, extra), wd, f"redis-cluster-{port}"))
+                procs.append(_Process(_redis_argv(port, wd, extra), wd / f"redis-cluster-{port}.log",
+                                      f"redis-cluster-{port}", cwd=wd))
                 ports.append(port)
             for port in ports:
                 _wait_until(lambda p=port: _redis_ping(p), procs, 10, "redis cluster node")
@@ -312,7 +325,7 @@ class SeaweedS3(_Pausable):
     def start(self, timeout_s: float = 60.0) -> None:
         """(Re)start on the same ports and data directory: buckets and objects survive."""
         self.stop()
-        self._p = _Process(self._argv, self._workdir, "weed")
+        self._p = _Process(self._argv, self._workdir / "weed.log", "weed", cwd=self._workdir)
         _start_or_stop(self._p, self._list_buckets, timeout_s, "seaweedfs s3")
 
     def _list_buckets(self) -> bool:
@@ -364,6 +377,127 @@ def prepare_bucket(endpoint: S3Endpoint, bucket: str, timeout_s: float = 60.0) -
 def seaweedfs_s3() -> Iterator[S3Endpoint]:
     with _started(SeaweedS3, "weed") as server:
         yield server.endpoint
+
+
+# -- kvstore serve ------------------------------------------------------------------------------
+
+DAEMON_READY = "kvstore listening on "
+
+
+def spawn_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None = None,
+                 log_path: Path | None = None, listen: str = "127.0.0.1:0",
+                 timeout_s: float = 60.0) -> tuple[subprocess.Popen[str], str]:
+    """Start ``kvstore serve`` with its cache under ``cache_dir``; return (process, address) once serving.
+
+    The daemon prints ``kvstore listening on HOST:PORT`` once it serves; we read that line rather than
+    guess a port, so several daemons can start at once without racing for one. Each uses the token
+    file a client of this process finds by default (kvstore/server/auth.py), so callers pass no token.
+    stderr goes to ``log_path`` (appended) or is discarded. Raises RuntimeError if it does not come up."""
+    from kvstore.server.auth import default_token_file
+
+    argv = [sys.executable, "-m", "kvstore", "serve", "--listen", listen, *flags]
+    full_env = dict(os.environ, TIERKV_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1", **(env or {}))
+    if not {"TIERKV_TOKEN", "TIERKV_TOKEN_FILE"} & set(full_env) and "--token-file" not in flags:
+        # the token where a client of *this* process looks by default (not under cache_dir)
+        full_env["TIERKV_TOKEN_FILE"] = str(default_token_file())
+    err = open(log_path, "a") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)
+    finally:
+        if log_path is not None:
+            err.close()  # type: ignore[union-attr]
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(DAEMON_READY):
+            return proc, line.split()[3]
+        if not line and proc.poll() is not None:
+            break
+    stop_daemon(proc)
+    tail = log_path.read_text()[-2000:] if log_path is not None and log_path.exists() else ""
+    raise RuntimeError(f"kvstore daemon {' '.join(flags)} did not start (exit {proc.poll()}){tail and ':'}\n{tail}")
+
+
+def stop_daemon(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> None:
+    """SIGTERM (the daemon finishes its spills to disk), then SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def running_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None = None,
+                   log_path: Path | None = None) -> Iterator[str]:
+    """A daemon for the duration of a ``with`` block; yields its address."""
+    proc, address = spawn_daemon(cache_dir, *flags, env=env, log_path=log_path)
+    try:
+        yield address
+    finally:
+        stop_daemon(proc)
+
+
+# -- kvengine serve -----------------------------------------------------------------------------
+
+
+class EngineServer:
+    """One ``kvengine serve`` (``python -m engine.cli serve --port PORT *flags``) on a free loopback port.
+
+    The constructor starts it; ``wait_ready()`` returns once ``/health`` answers 200 and raises
+    ServerError, with the log's tail, if it exits or times out first; ``stop()`` (or leaving a
+    ``with`` block) sends SIGTERM, then SIGKILL after ``grace_s``. ``env`` is set over this process's
+    environment (``inherit_env=False``: it is the whole environment), with PYTHONUNBUFFERED=1.
+    Output goes to ``log_path`` (stdout and stderr, truncated first) or, without one, to ours.
+    ``new_session``: its own session, so a signal to our process group does not reach it."""
+
+    def __init__(self, *flags: str, env: Mapping[str, str] | None = None, inherit_env: bool = True,
+                 log_path: Path | None = None, new_session: bool = False, grace_s: float = 30.0,
+                 label: str = "kvengine serve") -> None:
+        self.port = free_port()
+        self.base = f"http://{LOOPBACK}:{self.port}"
+        self.argv = [sys.executable, "-m", "engine.cli", "serve", "--port", str(self.port), *flags]
+        self.log_path, self.label, self.grace_s = log_path, label, grace_s
+        full_env = {**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._p = _Process(self.argv, log_path, label, env=full_env, new_session=new_session)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self._p.proc
+
+    def log_tail(self, n: int = 2000) -> str:
+        return self._p.log_tail(n)
+
+    def _healthy(self) -> bool:
+        import httpx
+
+        return httpx.get(self.base + "/health", timeout=2).status_code == 200
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        _wait_until(self._healthy, [self._p], timeout_s, f"{self.label} on port {self.port}", every_s=0.5)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        self._p.stop(self.grace_s if grace_s is None else grace_s)
+
+    def __enter__(self) -> EngineServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def engine_server(*flags: str, env: Mapping[str, str] | None = None, inherit_env: bool = True,
+                  log_path: Path | None = None, new_session: bool = False, timeout_s: float = 300.0,
+                  grace_s: float = 30.0) -> Iterator[EngineServer]:
+    """A ready ``EngineServer`` (the same arguments) for a ``with`` block; stopped when it ends."""
+    with EngineServer(*flags, env=env, inherit_env=inherit_env, log_path=log_path, new_session=new_session,
+                      grace_s=grace_s) as server:
+        server.wait_ready(timeout_s)
+        yield server
 
 
 if __name__ == "__main__":  # smoke check: python -m bench.servers

@@ -8,18 +8,16 @@ replica that never saw the conversation answers from KV the first replica comput
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
 
-from kvstore.launch import running_daemon
+from bench.servers import EngineServer, running_daemon
 
 SYSTEM = ("You are Atlas, a concise travel assistant for European rail trips. You know timetables, "
           "station layouts, ticket rules, luggage limits and good places to eat near stations. Answer in "
@@ -33,42 +31,14 @@ TURNS = [
 USERS = ["Ana", "Ben", "Chen"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not become healthy within {timeout:.0f}s")
-
-
 @contextmanager
-def engine_server(extra: list[str], name: str, env: dict[str, str] | None = None, timeout: float = 300):
-    """`kvengine serve` on a free loopback port for a ``with`` block; yields its base URL."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port), *extra]
-    print(f"[demo] starting {name}: {' '.join(cmd[1:])}", flush=True)
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def engine_server(extra: list[str], name: str, env: dict[str, str] | None = None,
+                  timeout: float = 300) -> Iterator[str]:
+    """`kvengine serve` on a free loopback port (bench/servers.py) for a ``with`` block; yields its base URL."""
+    with EngineServer(*extra, env=env, grace_s=20, label=name) as server:
+        print(f"[demo] starting {name}: {' '.join(server.argv[1:])}", flush=True)
+        server.wait_ready(timeout)
+        yield server.base
 
 
 def chat_ttft(client, messages: list[dict]) -> tuple[float, str, int]:

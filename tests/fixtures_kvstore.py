@@ -35,10 +35,10 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.servers import spawn_daemon
 from kvstore.block import encode_block
 from kvstore.client.client import KVStoreClient
 from kvstore.config.store_config import StoreConfig, TierConfig, load_config
-from kvstore.launch import spawn_daemon
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.server.daemon import Daemon as ServedDaemon

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 class BlendConfig:
     # Default recompute ratio (r_min of ``recompute``; a request's blend_ratio overrides): the smallest r
     # whose quality meets bench.blend's bar (continuation LCS-F1 >= 0.8 and answer agreement >= 0.9 against
-    # full prefill, bench/blend_figures.py). On the bundled SmolLM2-135M no r < 1 meets it (r = 0.5 gives
+    # full prefill, bench/blend/figures.py). On the bundled SmolLM2-135M no r < 1 meets it (r = 0.5 gives
     # 0.76 / 0.5: bench/results/blend_quick.json), so the default is exact. A model that passes at a lower
     # r sets TIERKV_BLEND_RATIO from its own `python -m bench.blend` curve; 0.15 is not a safe constant.
     ratio: float = 1.0

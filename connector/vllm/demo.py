@@ -24,8 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.servers import running_daemon
 from connector.vllm.launch import SERVED_NAME, VLLMServer, VLLMUnavailable, vllm_python
-from kvstore.launch import running_daemon
 
 SYSTEM = ("You are Atlas, a careful assistant for a rail operator's support desk. You know timetables, "
           "station layouts, ticket rules, luggage limits, accessibility services and refund policies. "

@@ -4,50 +4,31 @@ first one computed (the CLI attach path, over HTTP)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
 
-from bench.servers import free_port
-from connector.demo import wait_healthy
+from bench.servers import EngineServer
 from tests.connector.support import prompt
 from tests.fixtures_kvstore import daemon
 
 
-def _serve(model_dir: Path, address: str, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    # write-through so the first replica offloads at once; the tiny model calibrates in a second
-    env = dict(os.environ, TIERKV_CONNECTOR_WRITE_THROUGH="1", TIERKV_CONNECTOR_LOAD_MODE="always")
-    cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", str(model_dir), "--port", str(port),
-           "--kvstore", address, "--num-pages", "128", "--threads", "1"]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    return proc, f"http://127.0.0.1:{port}"
-
-
 @contextmanager
 def _replicas(model_dir: Path, address: str, tmp_path: Path) -> Iterator[list[str]]:
-    """Two healthy `kvengine serve` replicas on one daemon; yields their base URLs."""
-    procs = [_serve(model_dir, address, tmp_path / f"replica{i}.log") for i in range(2)]
-    try:
-        for proc, base in procs:
-            wait_healthy(base + "/health", proc, timeout=120)
-        yield [base for _, base in procs]
-    finally:
-        for proc, _ in procs:
-            proc.terminate()
-        for proc, _ in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    """Two healthy `kvengine serve` replicas on one daemon (loading side by side); yields their base URLs."""
+    # write-through so the first replica offloads at once; the tiny model calibrates in a second
+    env = {"TIERKV_CONNECTOR_WRITE_THROUGH": "1", "TIERKV_CONNECTOR_LOAD_MODE": "always"}
+    flags = ("--model", str(model_dir), "--kvstore", address, "--num-pages", "128", "--threads", "1")
+    with ExitStack() as stack:
+        servers = [stack.enter_context(EngineServer(*flags, env=env, log_path=tmp_path / f"replica{i}.log", grace_s=20))
+                   for i in range(2)]
+        for server in servers:
+            server.wait_ready(120)
+        yield [server.base for server in servers]
 
 
 def test_second_replica_reuses_the_first_replicas_prefix(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -3,18 +3,14 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.servers import free_port
-from connector.demo import wait_healthy
+from bench.servers import EngineServer
 from tests.connector.support import prompt
 from tests.fixtures_kvstore import connect, daemon
 
@@ -22,18 +18,15 @@ from tests.fixtures_kvstore import connect, daemon
 def test_sigterm_flushes_staged_offloads_and_exits_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
     ids = prompt(300, seed=41)  # 18 full pages
     with daemon(tmp_path, "--cpu", "64MiB") as d:
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, TIERKV_CONNECTOR_WRITE_THROUGH="1",
-                   TIERKV_CONNECTOR_LOAD_MODE="always", TIERKV_CONNECTOR_PROBE="0")
-        cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-               "--kvstore", d.address, "--num-pages", "128", "--threads", "1", "--shutdown-grace-s", "120"]
+        env = {"TIERKV_CONNECTOR_WRITE_THROUGH": "1", "TIERKV_CONNECTOR_LOAD_MODE": "always",
+               "TIERKV_CONNECTOR_PROBE": "0"}
         log = tmp_path / "engine.log"
-        with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        server = EngineServer("--model", str(tiny_model_dir), "--kvstore", d.address, "--num-pages", "128",
+                              "--threads", "1", "--shutdown-grace-s", "120", env=env, log_path=log)
+        proc, base = server.proc, server.base
         assert d.proc is not None
         try:
-            wait_healthy(base + "/health", proc, timeout=120)
+            server.wait_ready(120)
             d.proc.send_signal(signal.SIGSTOP)  # the daemon stalls: the write-through offload stays staged
             body = {"prompt": ids, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
             r = httpx.post(base + "/v1/completions", json=body, timeout=60)

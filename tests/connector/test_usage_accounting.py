@@ -20,9 +20,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from bench.servers import engine_server
 from connector.blend import BlendConfig, build_blend_request, build_chat_blend_request
 from connector.blend.frontend import add_blend_request
-from connector.demo import engine_server
 from connector.wiring import attach_cacheblend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -147,8 +147,8 @@ def test_inconsistent_usage_is_refused() -> None:
 @pytest.fixture(scope="module")
 def server(tiny4_dir):
     args = ["--model", str(tiny4_dir), "--served-model-name", "tiny", "--num-pages", "128", "--page-size", str(PS), "--threads", "1"]
-    with engine_server(args, "usage server", timeout=180) as base:
-        yield base
+    with engine_server(*args, timeout_s=180, grace_s=20) as engine:
+        yield engine.base
 
 
 def _kv_metric(base: str, outcome: str, source: str) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.blend_data import fact_pool
+from bench.blend.data import fact_pool
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling import SamplingParams

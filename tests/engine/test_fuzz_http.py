@@ -1,4 +1,4 @@
-"""`kvengine serve`'s HTTP API fuzzed (bench/soak_fuzz_http.py): broken JSON, wrong types and
+"""`kvengine serve`'s HTTP API fuzzed (bench/soak/fuzz_http.py): broken JSON, wrong types and
 oversized bodies each get a clear 4xx (413 past the body limit), never a 5xx or a hang, the
 server's memory does not take an oversized body in, and it still answers afterwards."""
 
@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.soak_fuzz_http import fuzz_http, verdict
+from bench.servers import engine_server
+from bench.soak.fuzz_http import fuzz_http, verdict
 from engine.model_loader import hf_model_dir
 from engine.server import MAX_BODY_BYTES
 from tests.fixtures_model import make_tiny_llama
@@ -40,34 +39,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The tiny random Llama with SmolLM2's chat template, so chat bodies get past the template."""
     model = make_tiny_llama(tmp_path_factory.mktemp("tiny-chat"))
     shutil.copy(hf_model_dir("") / "chat_template.jinja", model / "chat_template.jinja")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("http") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--model", str(model),
-                                 "--port", str(port), "--threads", "1", "--kv-memory", "16Mi"],
-                                stdout=err, stderr=subprocess.STDOUT, env=env)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            assert time.monotonic() < deadline, "server did not come up"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        yield Server(proc, base, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with engine_server("--model", str(model), "--threads", "1", "--kv-memory", "16Mi", env=env, inherit_env=False,
+                       log_path=log, timeout_s=240) as engine:  # fmt: skip
+        yield Server(engine.proc, engine.base, log)
 
 
 def test_fuzzed_bodies_get_clear_answers(server: Server) -> None:

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from connector.demo import engine_server
+from bench.servers import engine_server
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +19,8 @@ SYSTEM = ("You are a meticulous travel assistant. You answer questions about cit
 
 @pytest.fixture(scope="module")
 def server():
-    with engine_server(["--kv-memory", "128MiB", "--threads", "2"], "test server", timeout=180) as base:
-        yield base
+    with engine_server("--kv-memory", "128MiB", "--threads", "2", timeout_s=180, grace_s=20) as engine:
+        yield engine.base
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The advisor against the real TieredStore, its recommendation, its cost figures and bad input;
-bench/advise.py's figures as a pure function."""
+bench/advise/run.py's figures as a pure function."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.advise import figures
-from bench.advise_workloads import chat, replay
+from bench.advise.run import figures
+from bench.advise.workloads import chat, replay
 from kvstore.cli import main
 from kvstore.ops.advise import CostFigures, advise
 from kvstore.ops.mrc import lru_curve, references

@@ -17,11 +17,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.servers import running_daemon
 from kvstore.cli import main as cli_main
 from kvstore.client.client import KVStoreClient
 from kvstore.client.retry import Retry
 from kvstore.config.store_config import StoreConfig, TierConfig, load_config
-from kvstore.launch import running_daemon
 from kvstore.proto import kvstore_pb2
 from kvstore.server import stream_wire as w
 from kvstore.server.auth import AuthError, ClientAuth, default_token_file
@@ -170,7 +170,7 @@ def test_default_token_file_shared_by_daemon_and_client(tmp_path: Path, monkeypa
 
 
 def test_launched_daemon_needs_no_flag(tmp_path: Path) -> None:
-    """`kvstore serve` via launch.py (demo, benches, tests): the default client finds the token."""
+    """`kvstore serve` via bench/servers.py (demo, benches, tests): the default client finds the token."""
     with running_daemon(tmp_path / "a", "--cpu", "8MiB") as address:
         with connect(address, deadline_s=10.0) as c:
             assert c.put(KEY, auth_block())

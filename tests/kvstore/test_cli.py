@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.servers import running_daemon
 from kvstore.cli import main
 from kvstore.config.store_config import StoreConfig, TierConfig, load_config
-from kvstore.launch import running_daemon
 from kvstore.server.daemon import Daemon
 from tests.fixtures_kvstore import connect, fetch_one
 from tiers.errors import ConfigError
@@ -154,7 +154,7 @@ def test_daemon_logs_effective_config_and_periodic_stats(tmp_path: Path) -> None
     """The start log shows every effective value and its source, the token masked; then a summary line."""
     import time
 
-    from kvstore.launch import spawn_daemon, stop_daemon
+    from bench.servers import spawn_daemon, stop_daemon
 
     token = "c0ffee" * 8
     log_path = tmp_path / "daemon.log"

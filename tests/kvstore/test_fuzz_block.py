@@ -1,4 +1,4 @@
-"""The block decoder fuzzed (bench/soak_fuzz.py): read_header, verify_payload and decode_block
+"""The block decoder fuzzed (bench/soak/fuzz.py): read_header, verify_payload and decode_block
 raise BlockFormatError (or ChecksumError) on anything broken, and what they accept is usable."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from bench.soak_fuzz import check_block, fuzz_blocks
-from bench.soak_fuzz_cases import rechecksum
+from bench.soak.fuzz import check_block, fuzz_blocks
+from bench.soak.fuzz_cases import rechecksum
 from kvstore.block import _FIXED, decode_block, encode_block
 from kvstore.errors import BlockFormatError
 

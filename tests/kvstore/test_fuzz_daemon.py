@@ -1,5 +1,5 @@
 """Every gRPC handler of a real ``kvstore serve`` (health included) and its raw stream channel,
-fuzzed (bench/soak_fuzz_grpc.py): each case ends in a clear status within its deadline, calls
+fuzzed (bench/soak/fuzz_grpc.py): each case ends in a clear status within its deadline, calls
 without a valid token are never served, and the canary blocks come back byte for byte after.
 Below, one regression test per crash the fuzzer found, each shown against the raw wire."""
 
@@ -12,12 +12,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from bench.soak_fuzz_grpc import HANDLERS, SERVICE, GrpcFuzzer, fuzz_daemon
+from bench.soak.fuzz_grpc import HANDLERS, SERVICE, GrpcFuzzer, fuzz_daemon
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.server.auth import ClientAuth
 
 pytestmark = pytest.mark.timeout(300)
-CASES = 150  # per handler: the suite's share; python -m bench.soak_fuzz runs >= 10,000
+CASES = 150  # per handler: the suite's share; python -m bench.soak.fuzz runs >= 10,000
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_the_soaks_unauthenticated_probe_is_refused_everywhere_and_can_fail(
         daemon: tuple[str, str, Path, Path], tmp_path: Path) -> None:  # fmt: skip
     """bench.soak's probe: every RPC and the raw channel, no token and a wrong one: none served.
     Against a daemon started with --no-auth the same probe is served (the figure can fail)."""
-    from bench.soak_probes import unauthenticated_probe
+    from bench.soak.probes import unauthenticated_probe
 
     sent, served = unauthenticated_probe(daemon[0], daemon[1])
     assert sent == 25 and served == 0  # 12 RPCs x (no token, wrong token) + the raw channel

@@ -171,8 +171,7 @@ def test_daemon_answers_a_miss_then_stores_the_reput(tmp_path: Path, redis_url: 
 
     import redis
 
-    from bench.servers import free_port
-    from kvstore.launch import running_daemon
+    from bench.servers import free_port, running_daemon
 
     tag = uuid.uuid4().hex[:8].encode()
     keys = [b"%s-%07d" % (tag, i) for i in range(8)]

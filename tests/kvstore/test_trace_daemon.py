@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.servers import running_daemon
 from kvstore.block import encode_block
 from kvstore.cli import main
-from kvstore.launch import running_daemon
 from kvstore.ops.trace import MISS, key_hash, read_trace
 from kvstore.server.auth import AuthError, ClientAuth
 from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT

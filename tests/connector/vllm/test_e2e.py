@@ -30,9 +30,8 @@ from typing import Any
 import pytest
 import redis
 
-from bench.servers import RedisServer
+from bench.servers import RedisServer, spawn_daemon, stop_daemon
 from connector.vllm.launch import VLLMServer, VLLMUnavailable, vllm_python
-from kvstore.launch import spawn_daemon, stop_daemon
 from kvstore.server.auth import ClientAuth
 from tests.fixtures_kvstore import connect
 

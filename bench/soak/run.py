@@ -1,0 +1,236 @@
+"""The soak: two engine replicas and one daemon (cpu + disk + s3 + redis) under streaming clients
+of several tenants while a schedule SIGKILLs and restarts the daemon, the S3 server and Redis.
+
+    python -m bench.soak --out F.json [--quick] [--fuzz-cases 10000] [--keep DIR]
+
+What it counts (bench/soak/figures.py computes each figure; bench/run_all.py holds the targets):
+every answer against a cold greedy reference (``wrong_outputs``; an exception or refusal seen by
+a client is a ``client_errors``), faults injected, the growth of RSS, open files, threads and
+/dev/shm of each process after warm-up, calls to the daemon with no or a wrong token that were
+served (``unauthenticated_accepted``), another tenant's first request for a tenant's private
+prompt that reported cached tokens (``cross_tenant_hits``), and the fuzzer's cases and crashes
+(bench/soak/fuzz.py, run beside the soak against its own daemon and against replica a's API).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench.run_all import BENCHES, all_met, lookup, machine_facts, verdict
+from bench.soak.cluster import Cluster
+from bench.soak.figures import check_answers, cross_tenant_hits, during_outages, memory_figures
+from bench.soak.fuzz import HTTP_SHARE
+from bench.soak.load import TENANTS, Answer, Load, workload
+from bench.soak.probes import Probes
+from bench.soak.watch import Watcher
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class Plan:
+    soak_s: float  # clients run this long, faults meanwhile
+    warm_s: float  # growth is measured from this long into the soak (and into each daemon's life)
+    faults: tuple[tuple[float, str, float], ...]  # (seconds into the soak, target, outage seconds)
+    systems: int
+    questions: int
+    words: int  # per system prompt
+    clients: int
+    max_tokens: int
+    probe_every_s: float
+
+
+QUICK = Plan(soak_s=150, warm_s=25, systems=4, questions=4, words=120, clients=6, max_tokens=10, probe_every_s=30,
+             faults=((15, "daemon", 5), (35, "redis", 5), (55, "s3", 6), (80, "daemon", 5), (100, "redis", 5),
+                     (118, "s3", 6)))  # fmt: skip
+FULL = Plan(soak_s=900, warm_s=60, systems=6, questions=6, words=160, clients=6, max_tokens=16, probe_every_s=60,
+            faults=tuple((40 + 70 * i, ("daemon", "redis", "s3")[i % 3], 8) for i in range(12)))  # fmt: skip
+
+
+# -- faults ----------------------------------------------------------------------------------------
+def inject(cluster: Cluster, target: str, outage_s: float, clock: Any) -> dict[str, Any]:
+    """SIGKILL ``target``, leave it down ``outage_s``, start it again on its address."""
+    rec: dict[str, Any] = {"target": target, "killed_at": round(clock(), 1)}
+    try:
+        {"daemon": cluster.daemon.kill, "redis": cluster.redis.kill, "s3": cluster.s3.kill}[target]()
+        time.sleep(outage_s)
+        {"daemon": cluster.daemon.start, "redis": cluster.redis.start, "s3": cluster.s3.start}[target]()
+        rec.update(back_at=round(clock(), 1), ok=True)
+    except Exception as e:  # noqa: BLE001 - a fault that did not come back is reported, not raised
+        rec.update(ok=False, error=f"{type(e).__name__}: {e}"[:300])
+    return rec
+
+
+class Fuzzing:
+    """bench.soak.fuzz in processes of their own, beside the soak: the daemon side (its own
+    daemon) from the start, the HTTP side against replica a once it serves; ``result()`` merges."""
+
+    def __init__(self, work: Path, cases: int, seed: int) -> None:
+        self.work, self.seed = work, seed
+        self.http_cases = int(cases * HTTP_SHARE)
+        self.runs: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self._start("daemon", cases - self.http_cases)
+
+    def _start(self, side: str, cases: int, *extra: str) -> None:
+        out, log = self.work / f"fuzz-{side}.json", self.work / f"fuzz-{side}.log"
+        with open(log, "wb") as f:
+            proc = subprocess.Popen([sys.executable, "-m", "bench.soak.fuzz", "--only", side, "--fuzz-cases", str(cases),
+                                     "--seed", str(self.seed), "--out", str(out), *extra], stdout=f,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+        self.runs.append((proc, out))
+
+    def http(self, base: str) -> None:
+        self._start("http", self.http_cases, "--http", base)
+
+    def result(self, timeout_s: float = 900) -> dict[str, Any]:
+        merged: dict[str, Any] = {"cases": 0, "crashes": 0, "unauthenticated_accepted": 0, "outcomes": {},
+                                  "crash_cases": [], "wall_s": []}  # fmt: skip
+        for proc, out in self.runs:
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            doc = json.loads(out.read_text()) if out.exists() else {
+                "cases": 0, "crashes": 1, "crash_cases": [{"why": f"fuzzer exited {proc.returncode}"}]}
+            for k in ("cases", "crashes", "unauthenticated_accepted"):
+                merged[k] += doc.get(k, 0)
+            merged["outcomes"].update(doc.get("outcomes", {}))
+            merged["crash_cases"] += doc.get("crash_cases", [])[:10]
+            merged["wall_s"].append(doc.get("wall_s"))
+        return merged
+
+
+@dataclass
+class Record:
+    """What one soak run saw; ``figures`` turns it into the JSON."""
+
+    prompts: int
+    refs: dict[str, Answer]
+    again: dict[str, Answer]  # a few references computed again on the other replica
+    answers: list[Answer]
+    probes: Probes
+    faults: list[dict[str, Any]]
+    watcher: Watcher
+    fuzz: dict[str, Any]
+    timings: dict[str, float]
+
+
+def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
+    prompts = workload(plan.systems, plan.questions, plan.words, seed)
+    t0 = time.monotonic()
+    fuzzing = Fuzzing(work, fuzz_cases, seed)
+    try:
+        with Cluster(work, ["--kv-memory", "96Mi"]) as cluster:
+            cluster.start()
+            timings = {"startup_s": time.monotonic() - t0}
+            fuzzing.http(cluster.replicas[0].base)
+            watcher = Watcher(cluster.processes, queued=lambda role: cluster.daemon.queued_bytes()
+                              if role == "daemon" else 0).start()  # fmt: skip
+            load = Load([r.base for r in cluster.replicas], MODEL, plan.max_tokens, clock=watcher.now)
+            refs = load.references(prompts)
+            n = len(load.replicas)  # prompts[::n] all went to replica 0: shifted, these go to replica 1
+            again = load.references(prompts[::n][:: max(1, len(prompts) // (4 * n))][:4], shift=1)
+            timings["reference_s"] = time.monotonic() - t0 - timings["startup_s"]
+            watcher.mark("soak")
+            stop = threading.Event()
+            probes = Probes(cluster, load, plan.words, seed)
+            threads = [threading.Thread(target=load.run, args=(prompts, TENANTS, plan.clients, stop, seed)),
+                       threading.Thread(target=probes.run, args=(stop, plan.probe_every_s))]  # fmt: skip
+            for t in threads:
+                t.start()
+            faults, start = [], time.monotonic()
+            for at, target, outage in plan.faults:
+                time.sleep(max(0.0, start + at - time.monotonic()))
+                faults.append(inject(cluster, target, outage, watcher.now))
+            time.sleep(max(0.0, start + plan.soak_s - time.monotonic()))
+            stop.set()
+            for t in threads:
+                t.join()
+            probes.once()  # a last round after every fault
+            timings["soak_s"] = time.monotonic() - start
+            watcher.mark("end")
+            fuzz = fuzzing.result()  # the HTTP side ends before the replicas stop
+            watcher.stop()
+    finally:
+        for proc, _ in fuzzing.runs:
+            if proc.poll() is None:
+                proc.kill()
+    return Record(len(prompts), refs, again, load.answers, probes, faults, watcher, fuzz, timings)
+
+
+def figures(plan: Plan, rec: Record) -> dict[str, Any]:
+    cold = {pid: a.text for pid, a in rec.refs.items() if a.error is None and a.cached == 0}
+    checked = check_answers(rec.answers, {**cold, **rec.probes.reference})
+    mem = memory_figures(rec.watcher.samples, rec.watcher.marks["soak"] + plan.warm_s, plan.warm_s)
+    fuzz = rec.fuzz
+    return {
+        "requests": checked.requests, "client_errors": checked.client_errors, "wrong_outputs": checked.wrong_outputs,
+        "faults_injected": sum(1 for f in rec.faults if f["ok"]),
+        "rss_growth_mb": mem["rss_growth_mb"], "fd_growth": mem["fd_growth"], "shm_growth_mb": mem["shm_growth_mb"],
+        "fuzz_cases": fuzz["cases"], "fuzz_crashes": fuzz["crashes"],
+        "unauthenticated_accepted": rec.probes.unauth_served + fuzz["unauthenticated_accepted"],
+        "cross_tenant_hits": cross_tenant_hits(rec.probes.tenant_probes),
+        "detail": {
+            "faults": rec.faults, "memory": mem, "timings_s": {k: round(v, 1) for k, v in rec.timings.items()},
+            "reference": {"prompts": rec.prompts, "cold": len(cold),
+                          "not_cold": sorted(p for p, a in rec.refs.items() if a.error is not None or a.cached != 0),
+                          "checked_on_other_replica": len(rec.again),
+                          "same_on_other_replica": sum(a.text == cold.get(p) for p, a in rec.again.items())},
+            "client_error_examples": checked.errors, "wrong_output_examples": checked.wrong,
+            "answers_with_cached_tokens": sum(1 for a in rec.answers if a.cached > 0),
+            "answers_during_daemon_outages": during_outages(rec.answers, rec.faults, "daemon"),
+            "answers_during_redis_outages": during_outages(rec.answers, rec.faults, "redis"),
+            "answers_during_s3_outages": during_outages(rec.answers, rec.faults, "s3"),
+            "cached_tokens": sum(max(a.cached, 0) for a in rec.answers),
+            "prompt_tokens": sum(a.prompt_tokens for a in rec.answers),
+            "unauthenticated_probe_calls": rec.probes.unauth_sent,
+            "unauthenticated_fuzz_calls": sum(n for k, n in fuzz["outcomes"].items() if k.endswith(" UNAUTHENTICATED")),
+            "cross_tenant_probes": len(rec.probes.tenant_probes),
+            "fuzz": {k: v for k, v in fuzz.items() if k != "outcomes"},
+            "plan": asdict(plan),
+            "samples_columns": "t_s role pid rss_anon_mb rss_mb rss_lmdb_mb rss_shmem_mb queued_mb fds threads",
+            "samples": [f"{s.t:.1f} {s.role} {s.pid} {s.anon >> 20} {s.rss >> 20} {s.lmdb >> 20} {s.shmem >> 20} "
+                        f"{s.queued >> 20} {s.fds} {s.threads}" for s in rec.watcher.samples],
+        },
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="~5 minutes: 150 s of soak, 6 faults")
+    ap.add_argument("--fuzz-cases", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", default="", help="keep logs and data in this directory")
+    ap.add_argument("--duration", type=float, default=0, help="seconds of soak (default: the plan's; faults past it are skipped)")
+    a = ap.parse_args(argv)
+    before = machine_facts()
+    t0 = time.monotonic()
+    plan = QUICK if a.quick else FULL
+    if a.duration:
+        plan = replace(plan, soak_s=a.duration, faults=tuple(f for f in plan.faults if f[0] + f[2] < a.duration))
+    if a.keep:
+        Path(a.keep).mkdir(parents=True, exist_ok=True)
+        doc = figures(plan, soak(plan, Path(a.keep), a.fuzz_cases, a.seed))
+    else:
+        with tempfile.TemporaryDirectory(prefix="tierkv-soak-") as tmp:
+            doc = figures(plan, soak(plan, Path(tmp), a.fuzz_cases, a.seed))
+    after = machine_facts()
+    doc["machine"] = {"cores": before["cores"], "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"],
+                      "git_revision": before["git_revision"], "git_dirty": before["git_dirty"],
+                      "wall_s": round(time.monotonic() - t0, 1), "quick": a.quick, "pid": os.getpid()}  # fmt: skip
+    doc["targets"] = {f.path: verdict(lookup(doc, f.path), f) for f in BENCHES["soak"]}
+    Path(a.out).write_text(json.dumps(doc, indent=1))
+    print(json.dumps({k: v for k, v in doc.items() if k not in ("detail",)}, indent=1))
+    return 0 if all_met(doc["targets"].values()) else 1
