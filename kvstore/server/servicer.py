@@ -245,17 +245,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     # -- Get (server-streamed) -----------------------------------------------------------
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> Iterator[pb.GetResponse]:
         keys = list(request.keys)
-        try:
-            _check_keys(keys)
-            if request.shm_session:
-                yield self._get_shm(request, keys, context)
-                return
-        except _Abort as e:
-            context.abort(e.code, e.message)
-        except ShmSessionLost as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except StoreClosed as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        self._run(context, lambda: _check_keys(keys))
+        if request.shm_session:
+            yield self._run(context, lambda: self._get_shm(request, keys, context))
+            return
         step = self.cfg.chunk_bytes
         for i, k in enumerate(keys):
             try:
