@@ -1,6 +1,7 @@
 """The vLLM bench, ``python -m bench.vllm --out F.json [--quick]``: run.py (vLLM alone, with a pool of the
-whole working set, with tierkv, and kvengine with tierkv, at Poisson arrivals; the JSON) and workload.py (the
-multi-round chat and shared-prefix workloads, measured against the pool).
+whole working set, with tierkv, and kvengine with tierkv, at Poisson arrivals; the JSON), workload.py (the
+multi-round chat and shared-prefix workloads, measured against the pool) and fidelity.py (greedy answers over
+KV loaded from the daemon against vLLM's own prefix cache, one request at a time).
 """
 
 from __future__ import annotations
