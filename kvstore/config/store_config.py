@@ -139,6 +139,10 @@ class StoreConfig:
     min_block_bytes: int = 4 * 1024  # no KV page is smaller (16 tokens x 1 layer x K,V x 64 dims x fp16): a tier below it is refused
     stats_interval_s: float = 60.0  # log a one-line stats summary this often (0 = never)
     tenant_quota_bytes: int = 0  # bytes each tenant may hold in the top tier; over it, its own oldest spill (0 = off)
+    # -- limits on what clients and tiers may hold or cost: each one bounded (#22)
+    tier_error_window: int = 20  # the circuit breaker's error rate is taken over a tier's last N calls ...
+    tier_error_rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
+    tier_error_min_calls: int = 10  # ... once the window holds at least this many (kvstore/store/breaker.py)
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -180,9 +184,18 @@ class StoreConfig:
             raise ConfigError(f"ghosts_per_tier must be >= 0, got {self.ghosts_per_tier}")
         if not 0 < self.min_block_bytes <= self.max_block_bytes:
             raise ConfigError(f"min_block_bytes must be in 1..max_block_bytes, got {self.min_block_bytes}")
+        self._check_limits()
         from kvstore.server import auth  # local: keep config import-light
 
         auth.validate(self)
+
+    def _check_limits(self) -> None:
+        """The bounds on what clients and tiers may hold or cost (#22), each one line naming its field."""
+        if self.tier_error_window < 1 or not 1 <= self.tier_error_min_calls <= self.tier_error_window:
+            raise ConfigError(f"tier_error_window must be >= 1 and tier_error_min_calls in 1..tier_error_window, got "
+                              f"{self.tier_error_window} and {self.tier_error_min_calls}")
+        if not 0 < self.tier_error_rate <= 1:
+            raise ConfigError(f"tier_error_rate must be in (0, 1], got {self.tier_error_rate}")
 
 
 log = logging.getLogger("kvstore.config")

@@ -71,8 +71,9 @@ class StoreState:
             self.prober.wake()
 
     def ok(self, lv: Level) -> None:
-        """A tier call succeeded: its consecutive-error count starts again."""
-        if lv.breaker.failures:
+        """A tier call succeeded: its consecutive-error count starts again, and its error rate
+        counts one more good call (without the lock when that changes nothing)."""
+        if not lv.breaker.settled:
             with self.lock:
                 lv.succeeded()
 

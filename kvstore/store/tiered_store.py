@@ -17,7 +17,8 @@ Why this shape:
 - ``tenant_quota_bytes``: a tenant at its quota in the top tier has its own least recently used
   blocks spilled down to make room (counted, ``quota_spills``), never another tenant's; a block
   larger than the whole quota goes straight to the next level (kvstore/store/tenants.py).
-- A tier that raises is counted; after a few consecutive errors it is detached (kvstore/store/breaker.py):
+- A tier that raises is counted; after a few consecutive errors, or a high error rate over its
+  recent calls, it is detached (kvstore/store/breaker.py):
   reads fall through to the next level, writes meant for it are skipped (counted) or go on below,
   and a background probe attaches it again once it answers. A tier unreachable at start begins
   detached. The store never lets a tier error escape (a misconfigured tier stops it at start).
@@ -70,13 +71,15 @@ class TieredStore:
         ghosts_per_tier: int = 16384,
         detach_after: int = 3,
         tenant_quota_bytes: int = 0,
+        breaker: BreakerPolicy | None = None,
     ) -> None:
         """``tier_retry_s``: first probe of a detached tier (backoff to 10x); ``detach_after``:
         consecutive errors that detach a tier; ``tenant_quota_bytes``: bytes each tenant may hold in
-        the top tier (0 = no quota; kvstore/store/tenants.py)."""
+        the top tier (0 = no quota; kvstore/store/tenants.py); ``breaker``: the whole circuit-breaker
+        policy, error rate included (overrides the two above)."""
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
-        policy = BreakerPolicy.from_retry(tier_retry_s, detach_after)
+        policy = breaker or BreakerPolicy.from_retry(tier_retry_s, detach_after)
         self._state = StoreState([Level(t, o, breaker=Breaker(policy), quota=tenant_quota_bytes if i == 0 else 0)
                                   for i, (t, o) in enumerate(levels)], observer, ghosts_per_tier)
         self.levels = self._state.levels
