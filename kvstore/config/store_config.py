@@ -101,6 +101,12 @@ class TierConfig:
         return bucket, prefix
 
 
+def _positive(cfg: object, *names: str) -> None:
+    for name in names:
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+
+
 def _check_host_port(name: str, value: str) -> None:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -143,6 +149,7 @@ class StoreConfig:
     tier_error_window: int = 20  # the circuit breaker's error rate is taken over a tier's last N calls ...
     tier_error_rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
     tier_error_min_calls: int = 10  # ... once the window holds at least this many (kvstore/store/breaker.py)
+    spill_put_timeout_s: float = 5.0  # a call finding the spill queue full waits this long; then its block is not stored below
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -196,6 +203,7 @@ class StoreConfig:
                               f"{self.tier_error_window} and {self.tier_error_min_calls}")
         if not 0 < self.tier_error_rate <= 1:
             raise ConfigError(f"tier_error_rate must be in (0, 1], got {self.tier_error_rate}")
+        _positive(self, "spill_put_timeout_s")
 
 
 log = logging.getLogger("kvstore.config")

@@ -76,6 +76,10 @@ class _StoreCollector(Collector):
         pend = GaugeMetricFamily("tierkv_spill_queue_bytes", "Bytes waiting to spill to a lower tier")
         pend.add_metric([], float(st.pending_bytes))
         yield pend
+        dropped = CounterMetricFamily("tierkv_spill_queue_timeouts", "Blocks a call could not queue to spill "
+                                      "within spill_put_timeout_s (the queue stayed full): not stored below")
+        dropped.add_metric([], float(st.spill_timeouts))
+        yield dropped
         lk = self._store.lookup_counts()
         keys = CounterMetricFamily("tierkv_lookup_keys", "Keys of read lookups: found (result hit), absent and "
                                    "evicted lately by that tier (result evicted), or absent (result absent)",

@@ -33,6 +33,8 @@ Why this shape:
 - Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
   run a view points into until the view is dropped, queued blocks are immutable, lower tiers
   return copies.
+- A call that finds the spill queue full waits for room ``spill_put_timeout_s`` at most; what
+  it could not queue is not stored below, counted (``spill_timeouts``) (kvstore/store/spiller.py).
 """
 
 from __future__ import annotations
@@ -71,12 +73,14 @@ class TieredStore:
         ghosts_per_tier: int = 16384,
         detach_after: int = 3,
         tenant_quota_bytes: int = 0,
+        spill_put_timeout_s: float | None = None,
         breaker: BreakerPolicy | None = None,
     ) -> None:
         """``tier_retry_s``: first probe of a detached tier (backoff to 10x); ``detach_after``:
         consecutive errors that detach a tier; ``tenant_quota_bytes``: bytes each tenant may hold in
-        the top tier (0 = no quota; kvstore/store/tenants.py); ``breaker``: the whole circuit-breaker
-        policy, error rate included (overrides the two above)."""
+        the top tier (0 = no quota; kvstore/store/tenants.py); ``spill_put_timeout_s``: how long a
+        call waits for room in the full spill queue (None: for ever; kvstore/store/spiller.py);
+        ``breaker``: the whole circuit-breaker policy (overrides the two above)."""
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
         policy = breaker or BreakerPolicy.from_retry(tier_retry_s, detach_after)
@@ -94,7 +98,7 @@ class TieredStore:
             lv.start()
         if not all(lv.available() for lv in self.levels):
             self._state.prober.wake()
-        self._spill = Spiller(self._state, spill_queue_bytes)
+        self._spill = Spiller(self._state, spill_queue_bytes, spill_put_timeout_s)
 
     # -- public API --------------------------------------------------------------------
     def put(self, key: bytes, value: Buffer) -> bool:
@@ -255,7 +259,8 @@ class TieredStore:
                                available=lv.available(), last_error=lv.last_error, **vars(lv.counters))
                      for lv in self.levels]  # fmt: skip
             tenants = [TenantStats(lv.name, *row) for lv in self.levels for row in lv.tenants.rows(tenant_rows)]
-            return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants)
+            return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants,
+                              self._spill.timeouts)
 
     def close(self, flush: bool = True) -> None:
         with self._lock:
