@@ -32,7 +32,8 @@ Why this shape:
   key with the index of the level that held it: one ``is None`` test per call when off.
 - Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
   run a view points into until the view is dropped, queued blocks are immutable, lower tiers
-  return copies.
+  return copies. So do writes into the top (kvstore/store/top_writer.py): a get never waits
+  behind another key's put or promotion.
 - A call that finds the spill queue full waits for room ``spill_put_timeout_s`` at most; what
   it could not queue is not stored below, counted (``spill_timeouts``) (kvstore/store/spiller.py).
 """
@@ -52,8 +53,8 @@ from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT, AccessObserver, O
 from kvstore.store.results import LookupResult, StoreStats, TenantStats, TierStats
 from kvstore.store.shared_state import Job, StoreState, frozen_copy
 from kvstore.store.spiller import Spiller
-from kvstore.store.tenants import tenant_of
 from kvstore.store.tier_bookkeeping import Level, LevelOptions
+from kvstore.store.top_writer import TopWriter
 from tiers.base import Arena, Buffer, Tier
 from tiers.errors import BlockTooLarge
 
@@ -98,31 +99,40 @@ class TieredStore:
             lv.start()
         if not all(lv.available() for lv in self.levels):
             self._state.prober.wake()
+        self._top = TopWriter(self._state)
         self._spill = Spiller(self._state, spill_queue_bytes, spill_put_timeout_s)
 
     # -- public API --------------------------------------------------------------------
     def put(self, key: bytes, value: Buffer) -> bool:
-        """Store a block. Returns False (and writes nothing) when the key is already held."""
+        """Store a block. Returns False (and writes nothing) when the key is already held.
+
+        The copies (into the top tier, victims out of it, write-through copies) run without the
+        store lock (kvstore/store/top_writer.py), so reads of other keys go on meanwhile."""
         data = value if isinstance(value, bytes | bytearray) else memoryview(value).cast("B")
-        with self._lock:
-            self._check_open()
-            if len(data) > self.max_block_bytes:
-                raise BlockTooLarge(f"block of {len(data)} bytes exceeds every tier")
-            if self._state.holds(key):
+        through: list[int] = []
+        with self._top.lock:
+            with self._lock:
+                self._check_open()
+                if len(data) > self.max_block_bytes:
+                    raise BlockTooLarge(f"block of {len(data)} bytes exceeds every tier")
+                if self._state.holds(key):
+                    if (access := self.access) is not None:
+                        job = self._pending.get(key)
+                        access(OP_PUT, key, len(data), job.target - 1 if job else self._state.first_level(key))
+                    return False
+                plan = self._top.plan(key, len(data))
                 if (access := self.access) is not None:
-                    job = self._pending.get(key)
-                    access(OP_PUT, key, len(data), job.target - 1 if job else self._state.first_level(key))
-                return False
-            jobs = self._insert_top(key, data)
-            if (access := self.access) is not None:
-                access(OP_PUT, key, len(data), None)
-            for i, lv in enumerate(self.levels[1:], 1):
-                if not lv.options.write_through or key in lv.index:
-                    continue
-                if lv.available():
-                    jobs.append(Job(key, frozen_copy(data), i, False))
-                else:
-                    lv.counters.skipped_writes += 1
+                    access(OP_PUT, key, len(data), None)
+                for i, lv in enumerate(self.levels[1:], 1):
+                    if not lv.options.write_through or key in lv.index:
+                        continue
+                    if lv.available():
+                        through.append(i)
+                    else:
+                        lv.counters.skipped_writes += 1
+            copy = frozen_copy(data) if through or not plan.to_top else None
+            jobs = self._top.land(key, data, plan, copy)
+        jobs += [Job(key, copy, i, False) for i in through if copy is not None]
         self._spill.submit(jobs)
         return True
 
@@ -268,7 +278,7 @@ class TieredStore:
                 return
         if flush:
             self.flush()
-        with self._lock:
+        with self._top.lock, self._lock:  # a put or promotion in flight lands first
             self._closed = True
         self._spill.close()
         self._state.prober.close()
@@ -288,50 +298,6 @@ class TieredStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed("store is closed")
-
-    def _insert_top(self, key: bytes, data: Buffer) -> list[Job]:
-        """Write into level 0, evicting to the spill queue (caller holds the lock)."""
-        top = self.levels[0]
-        if not top.available() or len(data) > top.capacity:
-            return self._state.move_down(key, data, 1)
-        if top.over_quota(key, len(data)):  # larger than its tenant's whole quota: straight below
-            self._quota_spilled(top, key)
-            return self._state.move_down(key, data, 1)
-        jobs: list[Job] = []
-        over = top.quota_victims(key, len(data))  # the tenant's own oldest blocks first
-        for vkey in {k for k, _ in over}:
-            self._quota_spilled(top, vkey)
-        for vkey, _ in over + top.pick_victims(len(data)):
-            t0 = time.perf_counter()
-            try:
-                raw = top.tier.get(vkey)
-                vdata = None if raw is None else bytes(raw)
-                top.tier.delete(vkey)
-            except Exception as e:  # noqa: BLE001
-                self._state.fail(top, e)
-                vdata = None
-            top.remove(vkey)
-            self._state.evicted(top, vkey)
-            if vdata is not None:
-                self._obs.read(top.name, len(vdata), time.perf_counter() - t0)
-                jobs += self._state.move_down(vkey, vdata, 1)
-            self._state.forget_if_gone(vkey)
-        t0 = time.perf_counter()
-        try:
-            top.tier.put(key, data)
-        except Exception as e:  # noqa: BLE001
-            self._state.fail(top, e)
-            return jobs + self._state.move_down(key, data, 1)
-        self._state.ok(top)
-        top.add(key, len(data))
-        top.counters.write_bytes += len(data)
-        self._obs.write(top.name, len(data), time.perf_counter() - t0)
-        return jobs
-
-    @staticmethod
-    def _quota_spilled(top: Level, key: bytes) -> None:
-        top.counters.quota_spills += 1
-        top.tenants.quota_spilled(tenant_of(key))
 
     def _find(self, key: bytes, consume: Callable[[memoryview], None]) -> int | None:
         """Read ``key`` from the fastest level holding it (-> that level's index, None on a miss);
@@ -427,22 +393,32 @@ class TieredStore:
         return False
 
     def _after_lower_hit(self, loc: int, key: bytes, data: bytes, from_index: bool) -> None:
-        """Count a hit below the top and promote the block (unless deleted meanwhile)."""
-        jobs: list[Job] = []
+        """Count a hit below the top and promote the block (unless deleted meanwhile).
+
+        A promotion never waits for a put (kvstore/store/top_writer.py): while another write
+        into the top is under way this hit is served without one, and a later hit promotes."""
+        lv = self.levels[loc]
         with self._lock:
-            lv = self.levels[loc]
             lv.touch(key)
             lv.counters.hits += 1
             lv.counters.read_bytes += len(data)
             for upper in self.levels[:loc]:
                 upper.counters.misses += 1
             self._state.hit(key)
-            now = self._state.first_level(key)
-            deleted_meanwhile = now is None and from_index
-            at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
-            if self.promote_on_hit and loc > 0 and not self._closed and not at_top and not deleted_meanwhile:
+        if not self.promote_on_hit or loc == 0 or not self._top.lock.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
+                now = self._state.first_level(key)
+                deleted_meanwhile = now is None and from_index
+                at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
                 top = self.levels[0]
-                if len(data) <= top.capacity and top.available() and not top.over_quota(key, len(data)):
-                    lv.counters.promotions += 1
-                    jobs = self._insert_top(key, data)
+                if self._closed or at_top or deleted_meanwhile or len(data) > top.capacity or \
+                        not top.available() or top.over_quota(key, len(data)):  # fmt: skip
+                    return
+                lv.counters.promotions += 1
+                plan = self._top.plan(key, len(data))
+            jobs = self._top.land(key, data, plan, data)
+        finally:
+            self._top.lock.release()
         self._spill.submit(jobs)
