@@ -48,6 +48,10 @@ class Tier(ABC):
     name: str = "tier"
     #: whether contents survive a restart of the process that owns the tier
     persistent: bool = False
+    #: whether its bytes live in this process's memory, written only through ``put`` (the cpu
+    #: tier): a store serves them without verifying them again. Every other tier's reads (bytes
+    #: that sat on a disk or another server) are verified before they are served.
+    in_process: bool = False
 
     def __init__(self, capacity_bytes: int) -> None:
         if capacity_bytes <= 0:

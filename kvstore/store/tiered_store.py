@@ -25,9 +25,10 @@ Why this shape:
 - The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
   tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
   scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
-- A block read below the top is verified (``block_fault``) before it is served or promoted; a
-  bad one is deleted from that tier, reported to the observer and is a miss there (the top holds
-  only blocks the daemon validated on their way in).
+- A block read from a tier is verified (``block_fault``) before it is served or promoted; a bad
+  one is deleted from that tier, reported to the observer and is a miss there. Only a top tier
+  in this process's memory (``Tier.in_process``: the cpu tier, which holds only blocks the daemon
+  validated on their way in) is served unverified; a disk or Redis tier on top is verified.
 - ``access`` (None unless a trace runs, kvstore/ops/trace.py) is told of every get, put and lookup
   key with the index of the level that held it: one ``is None`` test per call when off.
 - Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
@@ -317,7 +318,7 @@ class TieredStore:
                     self._state.hit(key)
                 elif loc is None:
                     break
-                elif loc == 0:
+                elif loc == 0 and self.levels[0].tier.in_process:  # else verified like the levels below
                     top = self.levels[0]
                     t0 = time.perf_counter()
                     top_view = self._state.guard(top, lambda top=top: top.tier.get(key))  # pins the bytes
@@ -332,7 +333,7 @@ class TieredStore:
             if job is not None:
                 consume(memoryview(job.value))
                 return job.target - 1
-            if loc == 0:
+            if loc == 0 and self.levels[0].tier.in_process:
                 consume(memoryview(top_view))
                 return 0
             assert loc is not None
