@@ -96,13 +96,15 @@ OPTIONS: tuple[Option, ...] = (
     _scalar("--tls-cert", "tls_cert", "PEM certificate: serve gRPC over TLS (with --tls-key)", "plaintext"),
     _scalar("--tls-key", "tls_key", "PEM private key of --tls-cert", "none"),
     _scalar("--tls-client-ca", "tls_client_ca", "PEM CA: require client certificates it signed (mutual TLS)", "none"),
+    _scalar("--traces-dir", "traces_dir", "the only directory `kvstore trace start` may write trace files in",
+            "$TIERKV_CACHE_DIR/traces"),
 )
 CONFIG_ENV = "TIERKV_CONFIG"
 _METAVARS = {"--cpu": "SIZE", "--disk": "PATH[:SIZE]", "--s3": "URL", "--s3-endpoint": "URL", "--s3-capacity": "SIZE",
              "--s3-admit-hits": "N", "--redis": "URL", "--redis-capacity": "SIZE", "--eviction": "POLICY",
              "--listen": "HOST:PORT", "--metrics-port": "PORT", "--metrics-listen": "HOST:PORT",
              "--shm-max-bytes": "SIZE", "--stats-interval": "SECONDS", "--tenant-quota": "SIZE", "--stream-port": "PORT",
-             "--token-file": "FILE", "--tls-cert": "FILE", "--tls-key": "FILE", "--tls-client-ca": "FILE"}
+             "--token-file": "FILE", "--tls-cert": "FILE", "--tls-key": "FILE", "--tls-client-ca": "FILE", "--traces-dir": "DIR"}
 
 
 def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

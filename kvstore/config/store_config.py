@@ -150,6 +150,8 @@ class StoreConfig:
     tier_error_rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
     tier_error_min_calls: int = 10  # ... once the window holds at least this many (kvstore/store/breaker.py)
     spill_put_timeout_s: float = 5.0  # a call finding the spill queue full waits this long; then its block is not stored below
+    traces_dir: str = ""  # TraceStart writes only here ("" = $TIERKV_CACHE_DIR/traces)
+    trace_max_records: int = 4_000_000  # the largest trace ring a TraceStart may ask for (24 B a record: 96 MB)
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -204,6 +206,15 @@ class StoreConfig:
         if not 0 < self.tier_error_rate <= 1:
             raise ConfigError(f"tier_error_rate must be in (0, 1], got {self.tier_error_rate}")
         _positive(self, "spill_put_timeout_s")
+        from kvstore.ops.trace import MAX_RECORDS  # local: keep config import-light
+
+        if not 1 <= self.trace_max_records <= MAX_RECORDS:
+            raise ConfigError(f"trace_max_records must be in 1..{MAX_RECORDS}, got {self.trace_max_records}")
+
+    @property
+    def traces_path(self) -> FsPath:
+        """The one directory TraceStart writes trace files in."""
+        return FsPath(self.traces_dir) if self.traces_dir else default_cache_dir() / "traces"
 
 
 log = logging.getLogger("kvstore.config")

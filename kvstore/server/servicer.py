@@ -25,7 +25,7 @@ import grpc
 
 from kvstore.block import MAX_KEY_LEN, decode_block
 from kvstore.client.transfer import align
-from kvstore.config.store_config import StoreConfig, default_cache_dir
+from kvstore.config.store_config import StoreConfig
 from kvstore.errors import BlockFormatError, ChecksumError, ResourceExhausted, ShmSessionLost, StoreClosed
 from kvstore.ops.trace import TraceControl, TraceError
 from kvstore.proto import kvstore_pb2 as pb
@@ -62,7 +62,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self.arena: Arena | None = arena if share is not None else None  # Gets answered in place
         self._arena_info = pb.ArenaInfo(pid=os.getpid(), fd=share.fd, size=share.size, token=share.token) \
             if share is not None else None
-        self.trace = TraceControl(store, default_cache_dir() / "traces")
+        self.trace = TraceControl(store, config.traces_path, config.trace_max_records)
         self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
     def _run(self, context: grpc.ServicerContext, fn):  # type: ignore[no-untyped-def]
