@@ -152,6 +152,8 @@ class StoreConfig:
     spill_put_timeout_s: float = 5.0  # a call finding the spill queue full waits this long; then its block is not stored below
     traces_dir: str = ""  # TraceStart writes only here ("" = $TIERKV_CACHE_DIR/traces)
     trace_max_records: int = 4_000_000  # the largest trace ring a TraceStart may ask for (24 B a record: 96 MB)
+    max_put_streams: int = 0  # Put streams at once (0 = half the workers), so reads find a worker; past it: UNAVAILABLE
+    put_stream_timeout_s: float = 15.0  # a Put stream not read to its commit in this is cancelled, nothing of it stored
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -210,11 +212,20 @@ class StoreConfig:
 
         if not 1 <= self.trace_max_records <= MAX_RECORDS:
             raise ConfigError(f"trace_max_records must be in 1..{MAX_RECORDS}, got {self.trace_max_records}")
+        if not 0 <= self.max_put_streams <= self.workers:
+            raise ConfigError(f"max_put_streams must be in 0..workers ({self.workers}; 0 = half of them), got "
+                              f"{self.max_put_streams}")
+        _positive(self, "put_stream_timeout_s")
 
     @property
     def traces_path(self) -> FsPath:
         """The one directory TraceStart writes trace files in."""
         return FsPath(self.traces_dir) if self.traces_dir else default_cache_dir() / "traces"
+
+    @property
+    def put_streams(self) -> int:
+        """Put streams open at once: ``max_put_streams``, or half the workers (at least one)."""
+        return self.max_put_streams or max(1, self.workers // 2)
 
 
 log = logging.getLogger("kvstore.config")

@@ -75,7 +75,7 @@ class Daemon:
         checks.append(MalformedRequests())  # inside the auth check: bytes that are no message -> INVALID_ARGUMENT
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
                                   interceptors=checks)
-        servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
+        self.servicer = servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
         self.dashboard.curves = LatestCurves()  # the last trace's curve on /dashboard
         servicer.on_trace_written = self.dashboard.curves.update
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, self.server)
@@ -120,6 +120,7 @@ class Daemon:
         self.stats_log.close()
         self.health.enter_graceful_shutdown()
         self.server.stop(self.cfg.grace_s).wait()
+        self.servicer.close()
         if self.streams is not None:
             self.streams.close()
         self.store.close(flush=True)  # in-flight spills land before tiers close

@@ -5,7 +5,9 @@ validation happens here, before the store sees a byte. A Put is two-phase: the b
 declares every block (key, size, optional dtype/shape), chunks or shared-memory handles bring
 the bytes, and only a commit stores anything — after *every* block in the batch has been
 checked (complete, decodable, checksum, key, dtype/shape). A bad block fails the whole call
-with a clear status and nothing stored.
+with a clear status and nothing stored. A Put holds one of ``max_put_streams`` slots and must be
+read to its commit within ``put_stream_timeout_s`` (kvstore/server/put_streams.py), so Put streams
+that never commit cannot hold every worker.
 
 A shared-memory Get from a client that mapped the cpu tier's arena (AttachShm told it how) is
 answered in place: for a block in that arena the answer is its offset there, and the view that
@@ -30,6 +32,7 @@ from kvstore.errors import BlockFormatError, ChecksumError, ResourceExhausted, S
 from kvstore.ops.trace import TraceControl, TraceError
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.server.put_streams import PutStreams
 from kvstore.server.shm_sessions import Session, ShmSessions
 from kvstore.server.stream_server import MAX_KEYS, StreamServer
 from kvstore.store.tiered_store import TieredStore
@@ -63,6 +66,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self._arena_info = pb.ArenaInfo(pid=os.getpid(), fd=share.fd, size=share.size, token=share.token) \
             if share is not None else None
         self.trace = TraceControl(store, config.traces_path, config.trace_max_records)
+        self.put_streams = PutStreams(config.put_streams, config.put_stream_timeout_s)
         self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
     def _run(self, context: grpc.ServicerContext, fn):  # type: ignore[no-untyped-def]
@@ -152,9 +156,21 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     # -- Put (client-streamed, two-phase) ------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
-        return self._run(context, lambda: self._put(request_iterator))
+        stream = self.put_streams.admit(context)  # a slot, and a deadline (kvstore/server/put_streams.py)
+        if stream is None:
+            # UNAVAILABLE: transient, so clients retry it with backoff (a refused block would not be)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.put_streams.max_streams} Put streams are open on "
+                          "this daemon (max_put_streams): try again later")
+        try:
+            return self._run(context, lambda: self._put(request_iterator, stream.read_done))
+        finally:
+            self.put_streams.release(stream)
 
-    def _put(self, requests: Iterator[pb.PutRequest]) -> pb.PutResponse:
+    def close(self) -> None:
+        self.put_streams.close()
+
+    def _put(self, requests: Iterator[pb.PutRequest], read_done: Callable[[], bool] = lambda: True) -> pb.PutResponse:
+        """``read_done``: called once the stream was read; False when its deadline came first."""
         bad = grpc.StatusCode.INVALID_ARGUMENT
         first = next(requests, None)
         if first is None or first.WhichOneof("kind") != "begin":
@@ -191,6 +207,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 break
             else:
                 raise _Abort(bad, f"unexpected {kind} message inside a Put")
+        if not read_done():
+            raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"Put stream not committed within "
+                         f"{self.cfg.put_stream_timeout_s} s (put_stream_timeout_s): nothing stored")
         if commit is None:
             raise _Abort(grpc.StatusCode.ABORTED, "Put stream ended without commit: nothing stored")
         if commit.shm:
