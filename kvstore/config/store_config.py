@@ -154,6 +154,7 @@ class StoreConfig:
     trace_max_records: int = 4_000_000  # the largest trace ring a TraceStart may ask for (24 B a record: 96 MB)
     max_put_streams: int = 0  # Put streams at once (0 = half the workers), so reads find a worker; past it: UNAVAILABLE
     put_stream_timeout_s: float = 15.0  # a Put stream not read to its commit in this is cancelled, nothing of it stored
+    max_keys_per_call: int = 4096  # keys in one Lookup/Get/Put/Delete or raw-channel request (65,536 tokens at 16 a page)
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -216,6 +217,8 @@ class StoreConfig:
             raise ConfigError(f"max_put_streams must be in 0..workers ({self.workers}; 0 = half of them), got "
                               f"{self.max_put_streams}")
         _positive(self, "put_stream_timeout_s")
+        if not 1 <= self.max_keys_per_call <= 65536:
+            raise ConfigError(f"max_keys_per_call must be in 1..65536, got {self.max_keys_per_call}")
 
     @property
     def traces_path(self) -> FsPath:

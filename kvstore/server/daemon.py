@@ -68,7 +68,8 @@ class Daemon:
             raise
         # under TLS the raw channel (plaintext) would expose what TLS protects: Gets stream over gRPC
         self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
-                                     max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes)
+                                     max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes,
+                                     max_keys=cfg.max_keys_per_call)
                         if cfg.stream and creds is None else None)  # fmt: skip
         self.health = DaemonHealth(self.store)  # SERVING even with a tier detached (see kvstore/server/health.py)
         checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []

@@ -48,9 +48,9 @@ class _Abort(Exception):
         self.code, self.message = code, message
 
 
-def _check_keys(keys: list[bytes]) -> None:
-    if len(keys) > MAX_KEYS:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} keys in one call (max {MAX_KEYS})")
+def _check_keys(keys: list[bytes], limit: int = MAX_KEYS) -> None:
+    if len(keys) > limit:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} keys in one call (max {limit})")
     for i, k in enumerate(keys):
         if not 0 < len(k) <= MAX_KEY_LEN:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"key {i}: length {len(k)} outside 1..{MAX_KEY_LEN}")
@@ -85,7 +85,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
         def go() -> pb.LookupResponse:
             keys = list(request.keys)
-            _check_keys(keys)
+            _check_keys(keys, self.cfg.max_keys_per_call)
             res = self.store.lookup(keys, read=not request.write_check)
             resp = pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
                                      evicted_from=[t or "" for t in res.evicted_from])
@@ -102,7 +102,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
         def go() -> pb.DeleteResponse:
             keys = list(request.keys)
-            _check_keys(keys)
+            _check_keys(keys, self.cfg.max_keys_per_call)
             return pb.DeleteResponse(deleted=sum(1 for k in keys if self.store.delete(k)))
 
         return self._run(context, go)
@@ -176,7 +176,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if first is None or first.WhichOneof("kind") != "begin":
             raise _Abort(bad, "a Put stream must start with a begin message")
         specs = list(first.begin.blocks)
-        _check_keys([s.key for s in specs])
+        _check_keys([s.key for s in specs], self.cfg.max_keys_per_call)
         total = 0
         for i, s in enumerate(specs):
             if s.size == 0:  # no block is empty: without this check a commit would validate None
@@ -264,7 +264,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     # -- Get (server-streamed) -----------------------------------------------------------
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> Iterator[pb.GetResponse]:
         keys = list(request.keys)
-        self._run(context, lambda: _check_keys(keys))
+        self._run(context, lambda: _check_keys(keys, self.cfg.max_keys_per_call))
         if request.shm_session:
             yield self._run(context, lambda: self._get_shm(request, keys, context))
             return
@@ -283,7 +283,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def GetShm(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
         def go() -> pb.GetResponse:
             keys = list(request.keys)
-            _check_keys(keys)
+            _check_keys(keys, self.cfg.max_keys_per_call)
             if not request.shm_session:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "GetShm needs a shared-memory session")
             return self._get_shm(request, keys, context)
