@@ -155,6 +155,11 @@ class StoreConfig:
     max_put_streams: int = 0  # Put streams at once (0 = half the workers), so reads find a worker; past it: UNAVAILABLE
     put_stream_timeout_s: float = 15.0  # a Put stream not read to its commit in this is cancelled, nothing of it stored
     max_keys_per_call: int = 4096  # keys in one Lookup/Get/Put/Delete or raw-channel request (65,536 tokens at 16 a page)
+    max_concurrent_rpcs: int = 128  # gRPC calls running or queued at once; past it a call is refused RESOURCE_EXHAUSTED
+    keepalive_time_s: float = 60.0  # ping every client connection this often ...
+    keepalive_timeout_s: float = 20.0  # ... and drop it (and its calls) when a ping is not answered in this
+    max_connection_idle_s: float = 900.0  # close a connection that ran no call for this long (clients reconnect)
+    min_client_ping_interval_s: float = 30.0  # a client pinging more often than this is sent away (GOAWAY)
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -219,6 +224,9 @@ class StoreConfig:
         _positive(self, "put_stream_timeout_s")
         if not 1 <= self.max_keys_per_call <= 65536:
             raise ConfigError(f"max_keys_per_call must be in 1..65536, got {self.max_keys_per_call}")
+        if self.max_concurrent_rpcs < 1:
+            raise ConfigError(f"max_concurrent_rpcs must be >= 1, got {self.max_concurrent_rpcs}")
+        _positive(self, "keepalive_time_s", "keepalive_timeout_s", "max_connection_idle_s", "min_client_ping_interval_s")
 
     @property
     def traces_path(self) -> FsPath:

@@ -40,10 +40,26 @@ SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
 
 
 def grpc_options(cfg: StoreConfig) -> list[tuple[str, int]]:
+    """The server's channel options: message sizes, and the connection limits. A connection is
+    pinged every ``keepalive_time_s`` and dropped, with its calls, when the ping goes unanswered
+    for ``keepalive_timeout_s`` (a client that died or vanished holds no call for ever); one that
+    ran no call for ``max_connection_idle_s`` is closed (clients reconnect on their next call);
+    a client pinging more often than ``min_client_ping_interval_s`` is sent away after two such
+    pings (gRPC's ping strikes), so pings cannot be used to keep the server busy."""
+    def ms(seconds: float) -> int:
+        return int(seconds * 1000)
+
     return [
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),
         ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", ms(cfg.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", ms(cfg.keepalive_timeout_s)),
+        ("grpc.http2.ping_timeout_ms", ms(cfg.keepalive_timeout_s)),  # what closes the connection (default 60 s)
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_connection_idle_ms", ms(cfg.max_connection_idle_s)),
+        ("grpc.http2.min_ping_interval_without_data_ms", ms(cfg.min_client_ping_interval_s)),
+        ("grpc.http2.max_ping_strikes", 2),
     ]
 
 
@@ -75,7 +91,7 @@ class Daemon:
         checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []
         checks.append(MalformedRequests())  # inside the auth check: bytes that are no message -> INVALID_ARGUMENT
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
-                                  interceptors=checks)
+                                  interceptors=checks, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
         self.servicer = servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
         self.dashboard.curves = LatestCurves()  # the last trace's curve on /dashboard
         servicer.on_trace_written = self.dashboard.curves.update
