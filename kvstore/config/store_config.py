@@ -160,6 +160,7 @@ class StoreConfig:
     keepalive_timeout_s: float = 20.0  # ... and drop it (and its calls) when a ping is not answered in this
     max_connection_idle_s: float = 900.0  # close a connection that ran no call for this long (clients reconnect)
     min_client_ping_interval_s: float = 30.0  # a client pinging more often than this is sent away (GOAWAY)
+    health_max_watches: int = 16  # health Watch streams at once (health needs no token)
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -227,6 +228,8 @@ class StoreConfig:
         if self.max_concurrent_rpcs < 1:
             raise ConfigError(f"max_concurrent_rpcs must be >= 1, got {self.max_concurrent_rpcs}")
         _positive(self, "keepalive_time_s", "keepalive_timeout_s", "max_connection_idle_s", "min_client_ping_interval_s")
+        if self.health_max_watches < 0:
+            raise ConfigError(f"health_max_watches must be >= 0, got {self.health_max_watches}")
 
     @property
     def traces_path(self) -> FsPath:

@@ -87,7 +87,8 @@ class Daemon:
                                      max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes,
                                      max_keys=cfg.max_keys_per_call)
                         if cfg.stream and creds is None else None)  # fmt: skip
-        self.health = DaemonHealth(self.store)  # SERVING even with a tier detached (see kvstore/server/health.py)
+        # SERVING even with a tier detached; Watch bounded (see kvstore/server/health.py)
+        self.health = DaemonHealth(self.store, max_watches=cfg.health_max_watches)
         checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []
         checks.append(MalformedRequests())  # inside the auth check: bytes that are no message -> INVALID_ARGUMENT
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
