@@ -161,6 +161,7 @@ class StoreConfig:
     max_connection_idle_s: float = 900.0  # close a connection that ran no call for this long (clients reconnect)
     min_client_ping_interval_s: float = 30.0  # a client pinging more often than this is sent away (GOAWAY)
     health_max_watches: int = 16  # health Watch streams at once (health needs no token)
+    metrics_timeout_s: float = 10.0  # an HTTP connection to /metrics silent this long is closed
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -230,6 +231,7 @@ class StoreConfig:
         _positive(self, "keepalive_time_s", "keepalive_timeout_s", "max_connection_idle_s", "min_client_ping_interval_s")
         if self.health_max_watches < 0:
             raise ConfigError(f"health_max_watches must be >= 0, got {self.health_max_watches}")
+        _positive(self, "metrics_timeout_s")
 
     @property
     def traces_path(self) -> FsPath:

@@ -124,9 +124,9 @@ class Daemon:
         self.sessions.start()  # reclaims the segments of clients that exited
         if self.cfg.metrics_listen:
             host, _, port = self.cfg.metrics_listen.rpartition(":")
-            self.metrics_port = self.metrics.serve(int(port), addr=host.strip("[]"))
+            self.metrics_port = self.metrics.serve(int(port), addr=host.strip("[]"), timeout_s=self.cfg.metrics_timeout_s)
         elif self.cfg.metrics_port:
-            self.metrics_port = self.metrics.serve(self.cfg.metrics_port)
+            self.metrics_port = self.metrics.serve(self.cfg.metrics_port, timeout_s=self.cfg.metrics_timeout_s)
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.stats_log.start()
