@@ -1,7 +1,8 @@
 """The daemon around one TieredStore: gRPC servicer, auth, shared-memory sessions, the raw Get
 channel, metrics and health.
 
-``daemon`` (Daemon, ``serve``: the process), ``servicer`` (protobuf <-> store calls, every limit),
+``daemon`` (Daemon, ``serve``: the process; gRPC connection limits), ``servicer`` (protobuf <->
+store calls, every request's limits), ``put_streams`` (Put streams: how many at once, how long),
 ``auth`` (bearer tokens, TLS; the client's credentials too), ``malformed_requests`` (bytes that are
 no message: INVALID_ARGUMENT), ``shm_sessions`` (the segments clients attached), ``stream_server`` +
 ``stream_wire`` (the raw TCP Get channel and its framing), ``metrics`` (Prometheus), ``health``

@@ -3,6 +3,11 @@
 A remote tier that is down at start does not stop the daemon: it starts degraded, with that tier
 detached, and attaches it once it answers (kvstore/store/breaker.py; health: kvstore/server/health.py).
 
+Limits (each a StoreConfig field): ``max_concurrent_rpcs`` calls at once (past it gRPC refuses
+RESOURCE_EXHAUSTED), keepalive and idle limits on connections (``grpc_options``), Put streams
+bounded in number and time (kvstore/server/put_streams.py), keys per call, health Watch streams
+(kvstore/server/health.py), and timeouts on the metrics port (kvstore/server/metrics.py).
+
 Shutdown order on SIGTERM/SIGINT matters: mark health NOT_SERVING (load balancers stop
 routing), stop accepting new calls while in-flight ones get ``grace_s`` to finish, then
 ``store.close()`` waits for queued spills to land on disk before tiers are closed — a block
