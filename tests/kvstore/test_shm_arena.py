@@ -190,6 +190,39 @@ def test_a_client_that_cannot_map_the_arena_reads_through_the_segment() -> None:
                 c.read_batches([key], lambda items: None)
 
 
+def test_the_arena_cannot_be_written_or_resized_by_anyone_but_the_tier() -> None:
+    """What clients open is a read-only descriptor; whoever reopens the arena for writing anyway
+    (a process of the daemon's uid, through /proc/<pid>/fd) can neither map it writable, write it,
+    nor resize it (a shrink would SIGBUS the daemon): it is sealed. Every page is reserved at
+    start. The tier itself still writes."""
+    import fcntl
+    import mmap
+    import os
+
+    tier = CpuTier(1 << 20)
+    try:
+        share = tier.share()
+        assert share is not None
+        assert fcntl.fcntl(share.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        assert os.fstat(share.fd).st_blocks * 512 >= share.size
+        rw = os.open(f"/proc/self/fd/{share.fd}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                mmap.mmap(rw, share.size)  # a writable shared mapping
+            with pytest.raises(PermissionError):
+                os.pwrite(rw, b"x", ARENA_HEADER)
+            with pytest.raises(PermissionError):
+                os.ftruncate(rw, 0)
+            with pytest.raises(PermissionError):
+                os.posix_fallocate(rw, 0, share.size + (1 << 20))
+        finally:
+            os.close(rw)
+        tier.put(b"k" * 16, b"\x05" * 5000)
+        assert bytes(tier.get(b"k" * 16)) == b"\x05" * 5000  # type: ignore[arg-type]
+    finally:
+        tier.close()
+
+
 def test_the_daemon_can_keep_its_arena_private() -> None:
     """shm_arena=False (--no-shm-arena): no arena offered, every Get is copied."""
     from dataclasses import replace
