@@ -18,12 +18,12 @@ the tier still refuses to hold more than its capacity in blocks.
 
 Shared arena (Linux, unless pinned): the arena is a memfd (tiers/memfd.py: every page reserved at
 start, sealed), so a client process on this host can map it read-only (``share()``: a read-only
-fd, the size and a random token at its start; the daemon publishes them, kvstore/client/shm.py
-ArenaMap maps them) and copy a block straight out of it: a Get then costs the
+fd the daemon passes over its unix socket, the size and a random token at its start;
+kvstore/client/shm.py ArenaMap maps it) and copy a block straight out of it: a Get then costs the
 daemon no copy at all. ``arena_offset(view)`` says where a view handed out by ``get`` lies in
 that file; keeping the view is what pins those bytes for the reader (the daemon's lease,
 kvstore/server/shm_sessions.py). Only this tier's own mapping can write there: the memfd is sealed
-against every later writable mapping, write or resize.
+against every later writable mapping, write or resize, and its mode is 0.
 
 Page size: a copy out of 4 KiB pages runs 15-20% slower than out of 2 MiB ones (TLB misses; measured
 by bench.tiers on a 2-core VM). A private arena gets transparent huge pages like any large numpy

@@ -1,7 +1,10 @@
 """Shared memory between the daemon and its same-host clients: memfds, reserved and sealed.
 
-A memfd lives on the kernel's internal tmpfs, which has no size limit of its own: a full
-/dev/shm cannot touch it, and its pages are charged to the memory cgroup of whoever reserved them.
+Why memfds and not files under /dev/shm: a memfd has no name, so nobody can open it by path
+(another tenant, a symlink planted where a name was expected), and it reaches the other process
+only as a file descriptor passed over a unix socket (SCM_RIGHTS, kvstore/server/shm_listener.py).
+It lives on the kernel's internal tmpfs, which has no size limit of its own: a full /dev/shm
+cannot touch it, and its pages are charged to the memory cgroup of whoever reserved them.
 
 Two guards make a mapping of one safe to write into (a write to a page of a file that shrank,
 or that the filesystem has no room for, is a SIGBUS, which kills a Python process):
@@ -13,7 +16,8 @@ or that the filesystem has no room for, is a SIGBUS, which kills a Python proces
 
 The cpu tier's arena goes further (``share_read_only``): after the daemon has mapped it writable,
 ``F_SEAL_FUTURE_WRITE`` refuses every later writable mapping and write, even through a reopened
-/proc/<pid>/fd path and even to root; what clients open is a read-only descriptor.
+/proc/<pid>/fd path and even to root; clients are handed a read-only descriptor, and the file's
+mode drops to 0 so no other user-id can reopen it through /proc at all.
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault every page in now; an error in
 
 
 class ArenaShare(NamedTuple):
-    """What a client on this host needs to map the arena read-only: open /proc/<pid>/fd/<fd>
-    (a read-only descriptor of the sealed memfd), check that the file starts with ``token``;
-    block offsets count from the file's start."""
+    """What a client on this host needs to map the arena read-only: ``fd`` (read-only, sealed)
+    is passed to it over the daemon's unix socket; the file starts with ``token``; block offsets
+    count from the file's start."""
 
     fd: int
     size: int
@@ -78,8 +82,8 @@ def seal_size(fd: int) -> None:
 
 def share_read_only(fd: int) -> int:
     """Seal ``fd`` (mapped writable by its creator already, who keeps writing through that
-    mapping) against every later write, resize and writable mapping, and return a read-only
-    descriptor of it for readers. Raises OSError (no /proc, no sealing)."""
+    mapping) against every later write, resize and writable mapping, drop its mode to 0, and
+    return a read-only descriptor of it for readers. Raises OSError (no /proc, no sealing)."""
     ro = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     try:
         try:
@@ -90,6 +94,7 @@ def share_read_only(fd: int) -> int:
             log.warning("cpu tier: this kernel cannot seal the arena against future writes (Linux < 5.1): "
                         "clients still get a read-only descriptor")
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SIZE_SEALS | fcntl.F_SEAL_SEAL)
+        os.fchmod(fd, 0)
     except BaseException:
         os.close(ro)
         raise

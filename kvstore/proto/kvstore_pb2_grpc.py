@@ -142,7 +142,7 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AttachShm(self, request, context):
-        """Same-host handshake: the server maps the client's segment if it can see it.
+        """Same-host handshake: a ticket for the daemon's unix socket, where the segment's fd goes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

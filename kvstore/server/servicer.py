@@ -7,17 +7,17 @@ the bytes, and only a commit stores anything — after *every* block in the batc
 checked (complete, decodable, checksum, key, dtype/shape). A bad block fails the whole call
 with a clear status and nothing stored.
 
-A shared-memory Get from a client that mapped the cpu tier's arena (AttachShm told it how) is
-answered in place: for a block in that arena the answer is its offset there, and the view that
-pins it goes into a lease of the session until the client releases it (kvstore/server/shm_sessions.py).
-The daemon copies nothing; the client copies each block out and verifies its copy. Blocks from
-anywhere else (lower tiers, the spill queue, heap copies) are copied into the segment as before.
+A shared-memory Get from a client that mapped the cpu tier's arena (its fd came with the
+session, kvstore/server/shm_listener.py) is answered in place: for a block in that arena the
+answer is its offset there, and the view that pins it goes into a lease of the session until the
+client releases it (kvstore/server/shm_sessions.py). The daemon copies nothing; the client copies
+each block out and verifies its copy. Blocks from anywhere else (lower tiers, the spill queue,
+heap copies) are copied into the segment as before.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
@@ -35,6 +35,7 @@ from kvstore.server.stream_server import MAX_KEYS, StreamServer
 from kvstore.store.tiered_store import TieredStore
 from tiers.base import Arena
 from tiers.errors import BlockTooLarge
+from tiers.memfd import ArenaShare
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         arena = store.arena() if config.shm and config.shm_arena else None
         share = arena.share() if arena is not None else None
         self.arena: Arena | None = arena if share is not None else None  # Gets answered in place
-        self._arena_info = pb.ArenaInfo(pid=os.getpid(), fd=share.fd, size=share.size, token=share.token) \
-            if share is not None else None
+        self.arena_share: ArenaShare | None = share  # what the shm listener hands a client with its session
         self.trace = TraceControl(store, default_cache_dir() / "traces")
         self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
@@ -113,13 +113,18 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
 
     def AttachShm(self, request: pb.AttachShmRequest, context: grpc.ServicerContext) -> pb.AttachShmResponse:
+        """A ticket the client spends on the daemon's unix socket, handing over its segment's fd
+        (kvstore/server/shm_listener.py), with the arena's read-only fd when it asks for it."""
         if not self.cfg.shm:
             return pb.AttachShmResponse(ok=False, reason="shared memory disabled on this daemon")
+        if not self.sessions.socket_path:
+            return pb.AttachShmResponse(ok=False, reason="this daemon has no shared-memory socket")
+        arena = request.arena and self.arena is not None
         try:
-            sid = self.sessions.attach(request.name, request.size, request.token, request.pid)
-        except (OSError, ValueError, ResourceExhausted) as e:  # another host, not its segment, or full
+            ticket = self.sessions.ticket(request.size, arena=arena)
+        except (ValueError, ResourceExhausted) as e:  # a size no segment has, or the bound is reached
             return pb.AttachShmResponse(ok=False, reason=str(e))
-        return pb.AttachShmResponse(ok=True, session=sid, arena=self._arena_info)
+        return pb.AttachShmResponse(ok=True, ticket=ticket, socket=self.sessions.socket_path)
 
     def DetachShm(self, request: pb.DetachShmRequest, context: grpc.ServicerContext) -> pb.DetachShmResponse:
         self.sessions.detach(request.session)
@@ -278,8 +283,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             except ValueError as e:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             pins: list[memoryview] = []
+            arena = self.arena if request.arena and sess.arena else None  # a session given the arena
             blocks = self._write_blocks(sess, keys, request.shm_offset, request.shm_offset + request.shm_length,
-                                        context, self.arena if request.arena else None, pins)
+                                        context, arena, pins)
             if pins and not context.is_active():  # the client gave up: nobody reads these in place
                 raise _Abort(grpc.StatusCode.CANCELLED, "the client gave up on this call")
             return pb.GetResponse(shm=blocks, lease=self.sessions.lease(sess, pins) if pins else 0)

@@ -35,7 +35,7 @@ def _round_trip(tier: CpuTier) -> None:
     if share is not None:
         offset = tier.arena_offset(view)
         assert offset is not None
-        arena = ArenaMap(os.getpid(), share.fd, share.size, share.token)
+        arena = ArenaMap(os.dup(share.fd), share.size, share.token)
         try:
             assert bytes(arena.view(offset, len(data))) == data
         finally:
