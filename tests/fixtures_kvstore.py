@@ -46,6 +46,7 @@ from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.server.daemon import Daemon as ServedDaemon
 from kvstore.server.daemon import grpc_options
+from kvstore.server.read_access import ALLOW_ALL, ReadAccess
 from kvstore.server.servicer import KVStoreServicer
 from kvstore.server.shm_listener import ShmListener
 from kvstore.server.shm_sessions import ShmSessions
@@ -222,13 +223,13 @@ def shm_listener(sessions: ShmSessions, servicer: KVStoreServicer) -> Iterator[S
 
 @contextmanager
 def inprocess_daemon(sessions: ShmSessions | None = None, workers: int = 8, cpu_bytes: int = 64 * 1024**2,
-                     lower: list | None = None) -> Iterator[InProcessDaemon]:  # fmt: skip
-    """``lower``: (tier, LevelOptions) pairs below the cpu tier."""
+                     lower: list | None = None, access: ReadAccess = ALLOW_ALL) -> Iterator[InProcessDaemon]:  # fmt: skip
+    """``lower``: (tier, LevelOptions) pairs below the cpu tier; ``access``: who may read what."""
     cfg = StoreConfig(tiers=(TierConfig("cpu", cpu_bytes),), listen="127.0.0.1:0", workers=workers)
     store = WrappedStore(TieredStore([(CpuTier(cpu_bytes), LevelOptions()), *(lower or [])]))
     sessions = ShmSessions() if sessions is None else sessions
     server = grpc.server(ThreadPoolExecutor(max_workers=workers), options=grpc_options(cfg))
-    servicer = SpyServicer(store, cfg, sessions)  # type: ignore[arg-type]
+    servicer = SpyServicer(store, cfg, sessions, access=access)  # type: ignore[arg-type]
     pb_grpc.add_KVStoreServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

@@ -21,7 +21,7 @@ segment is used: the daemon reclaims the segment when it closes, whatever ends t
 
 Zero-copy reads (``use_arena=None`` = when the daemon offers it): once attached, the client maps
 the daemon's cpu-tier arena read-only from the fd the daemon passed (kvstore/client/shm.py
-ArenaMap), and ``read_batches`` hands out
+ArenaMap; only a client allowed to read every block gets it), and ``read_batches`` hands out
 views of it for blocks held there, pinned by a lease that is released (without waiting) once the
 sink returns.
 """

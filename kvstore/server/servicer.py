@@ -12,13 +12,15 @@ session, kvstore/server/shm_listener.py) is answered in place: for a block in th
 answer is its offset there, and the view that pins it goes into a lease of the session until the
 client releases it (kvstore/server/shm_sessions.py). The daemon copies nothing; the client copies
 each block out and verifies its copy. Blocks from anywhere else (lower tiers, the spill queue,
-heap copies) are copied into the segment as before.
+heap copies) are copied into the segment as before. Only a caller that may read every block is
+given the arena; every block of a shared-memory Get is checked against the caller
+(kvstore/server/read_access.py), and one it may not read is answered as a miss.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import asdict
 
 import grpc
@@ -30,6 +32,7 @@ from kvstore.errors import BlockFormatError, ChecksumError, ResourceExhausted, S
 from kvstore.ops.trace import TraceControl, TraceError
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.server.read_access import ALLOW_ALL, ReadAccess
 from kvstore.server.shm_sessions import Session, ShmSessions
 from kvstore.server.stream_server import MAX_KEYS, StreamServer
 from kvstore.store.tiered_store import TieredStore
@@ -56,12 +59,13 @@ def _check_keys(keys: list[bytes]) -> None:
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions,
-                 streams: StreamServer | None = None) -> None:  # fmt: skip
-        self.store, self.cfg, self.sessions, self.streams = store, config, sessions, streams
+                 streams: StreamServer | None = None, access: ReadAccess = ALLOW_ALL) -> None:  # fmt: skip
+        """``access``: who may read what (kvstore/server/read_access.py); the default, one credential."""
+        self.store, self.cfg, self.sessions, self.streams, self.access = store, config, sessions, streams, access
         arena = store.arena() if config.shm and config.shm_arena else None
         share = arena.share() if arena is not None else None
         self.arena: Arena | None = arena if share is not None else None  # Gets answered in place
-        self.arena_share: ArenaShare | None = share  # what the shm listener hands a client with its session
+        self.arena_share: ArenaShare | None = share  # what the shm listener hands a caller that sees all
         self.trace = TraceControl(store, default_cache_dir() / "traces")
         self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
@@ -85,7 +89,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             res = self.store.lookup(keys, read=not request.write_check)
             resp = pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
                                      evicted_from=[t or "" for t in res.evicted_from])
-            share = self.arena.share() if self.arena is not None and request.in_place else None
+            share = self.arena.share() if self.arena is not None and request.in_place \
+                and self.access.sees_all(self.access.caller(context)) else None
             if share is not None and not request.write_check:
                 spans = self.store.read_in_place(keys[: res.prefix_len], self.arena.locate)  # type: ignore[union-attr]
                 resp.arena_offsets.extend(s[0] if s else 0 for s in spans)
@@ -114,24 +119,25 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     def AttachShm(self, request: pb.AttachShmRequest, context: grpc.ServicerContext) -> pb.AttachShmResponse:
         """A ticket the client spends on the daemon's unix socket, handing over its segment's fd
-        (kvstore/server/shm_listener.py), with the arena's read-only fd when it asks for it."""
+        (kvstore/server/shm_listener.py); the arena goes with it only to a caller that sees all."""
         if not self.cfg.shm:
             return pb.AttachShmResponse(ok=False, reason="shared memory disabled on this daemon")
         if not self.sessions.socket_path:
             return pb.AttachShmResponse(ok=False, reason="this daemon has no shared-memory socket")
-        arena = request.arena and self.arena is not None
+        caller = self.access.caller(context)
+        arena = request.arena and self.arena is not None and self.access.sees_all(caller)
         try:
-            ticket = self.sessions.ticket(request.size, arena=arena)
+            ticket = self.sessions.ticket(request.size, caller, arena)
         except (ValueError, ResourceExhausted) as e:  # a size no segment has, or the bound is reached
             return pb.AttachShmResponse(ok=False, reason=str(e))
         return pb.AttachShmResponse(ok=True, ticket=ticket, socket=self.sessions.socket_path)
 
     def DetachShm(self, request: pb.DetachShmRequest, context: grpc.ServicerContext) -> pb.DetachShmResponse:
-        self.sessions.detach(request.session)
+        self.sessions.detach(request.session, self.access.caller(context))
         return pb.DetachShmResponse()
 
     def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.ServicerContext) -> pb.ReleaseLeaseResponse:
-        self.sessions.release(request.session, request.leases)
+        self.sessions.release(request.session, request.leases, self.access.caller(context))
         return pb.ReleaseLeaseResponse()
 
     def OpenStream(self, request: pb.OpenStreamRequest, context: grpc.ServicerContext) -> pb.OpenStreamResponse:
@@ -157,9 +163,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     # -- Put (client-streamed, two-phase) ------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
-        return self._run(context, lambda: self._put(request_iterator))
+        return self._run(context, lambda: self._put(request_iterator, self.access.caller(context)))
 
-    def _put(self, requests: Iterator[pb.PutRequest]) -> pb.PutResponse:
+    def _put(self, requests: Iterator[pb.PutRequest], caller: Hashable = None) -> pb.PutResponse:
         bad = grpc.StatusCode.INVALID_ARGUMENT
         first = next(requests, None)
         if first is None or first.WhichOneof("kind") != "begin":
@@ -199,7 +205,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if commit is None:
             raise _Abort(grpc.StatusCode.ABORTED, "Put stream ended without commit: nothing stored")
         if commit.shm:
-            self._copy_out(first.begin.shm_session, commit.shm, specs, held, bufs, got)
+            self._copy_out(first.begin.shm_session, commit.shm, specs, held, bufs, got, caller)
         for i, s in enumerate(specs):
             if got[i] != s.size:
                 raise _Abort(bad, f"block {i}: received {got[i]} of {s.size} bytes")
@@ -215,10 +221,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.PutResponse(status=status)
 
     def _copy_out(self, sid: str, refs: list[pb.ShmRef], specs: list[pb.BlockSpec], held: list[bool],
-                  bufs: list[bytearray | bytes | None], got: list[int]) -> None:  # fmt: skip
+                  bufs: list[bytearray | bytes | None], got: list[int], caller: Hashable) -> None:  # fmt: skip
         """Copy each block out of the client's segment first: the client can still write there,
         so what is validated and stored must be our own copy, never the shared bytes."""
-        with self.sessions.use(sid) as sess:
+        with self.sessions.use(sid, caller) as sess:
             seg = sess.seg
             for ref in refs:
                 if ref.index >= len(specs) or ref.length != specs[ref.index].size:
@@ -277,23 +283,27 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return self._run(context, go)
 
     def _get_shm(self, request: pb.GetRequest, keys: list[bytes], context: grpc.ServicerContext) -> pb.GetResponse:
-        with self.sessions.use(request.shm_session) as sess:
+        caller = self.access.caller(context)
+        with self.sessions.use(request.shm_session, caller) as sess:
             try:
                 sess.seg.check_range(request.shm_offset, request.shm_length)
             except ValueError as e:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             pins: list[memoryview] = []
-            arena = self.arena if request.arena and sess.arena else None  # a session given the arena
-            blocks = self._write_blocks(sess, keys, request.shm_offset, request.shm_offset + request.shm_length,
-                                        context, arena, pins)
+            arena = self.arena if request.arena and sess.arena else None  # only a caller that sees all
+            readable = [self.access.may_read(caller, k) for k in keys]
+            blocks = self._write_blocks(sess, keys, readable, request.shm_offset,
+                                        request.shm_offset + request.shm_length, context, arena, pins)
             if pins and not context.is_active():  # the client gave up: nobody reads these in place
                 raise _Abort(grpc.StatusCode.CANCELLED, "the client gave up on this call")
             return pb.GetResponse(shm=blocks, lease=self.sessions.lease(sess, pins) if pins else 0)
 
-    def _write_blocks(self, sess: Session, keys: list[bytes], pos: int, end: int, context: grpc.ServicerContext,
-                      arena: Arena | None, pins: list[memoryview]) -> list[pb.ShmBlock]:  # fmt: skip
-        """Copy each block into [pos, end) of the segment; a block that does not fit is deferred.
-        With ``arena``, a block in it is answered in place instead, its view kept in ``pins``.
+    def _write_blocks(self, sess: Session, keys: list[bytes], readable: list[bool], pos: int, end: int,
+                      context: grpc.ServicerContext, arena: Arena | None,
+                      pins: list[memoryview]) -> list[pb.ShmBlock]:  # fmt: skip
+        """Copy each block into [pos, end) of the segment; a block that does not fit is deferred,
+        one the caller may not read (``readable``) is a miss. With ``arena``, a block in it is
+        answered in place instead, its view kept in ``pins``.
 
         Before each write: a client that gave up (deadline, cancel) no longer reads this segment
         and a dropped session must not be written to, so the call stops there."""
@@ -318,6 +328,6 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 pos += align(n)
                 return blk
 
-            res = self.store.read(k, sink)
+            res = self.store.read(k, sink) if readable[i] else None
             out.append(res if res is not None else pb.ShmBlock(index=i, found=False))
         return out
