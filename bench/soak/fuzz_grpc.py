@@ -77,7 +77,7 @@ class GrpcFuzzer:
         self.client.put_many(list(self.canaries.items()))
         self.seg = ShmSegment.create(SEG_BYTES)
         resp = pb.AttachShmResponse.FromString(self.auth["good"].unary_unary(SERVICE + "AttachShm")(
-            pb.AttachShmRequest(size=self.seg.size, arena=True).SerializeToString(), timeout=deadline_s))
+            pb.AttachShmRequest(size=self.seg.size, arena=True, by_fd=True).SerializeToString(), timeout=deadline_s))
         self.session, self.arena = self._hand_over(resp)  # blocks a Get answers in place are checked in the arena
         self._stream_port = self._token()[0]  # where connections without a valid token go
         self.tally = Tally()
@@ -140,9 +140,9 @@ class GrpcFuzzer:
         if name == "TraceStart":
             return raw_or_mutated(self._trace_starts()).map(self._safe_trace)
         if name == "AttachShm":
-            near = st.builds(lambda size, arena: pb.AttachShmRequest(size=size, arena=arena),
+            near = st.builds(lambda size, arena, by_fd: pb.AttachShmRequest(size=size, arena=arena, by_fd=by_fd),
                              st.sampled_from([self.seg.size, 0, HEADER_BYTES, self.seg.size + 1, 2**64 - 1]),
-                             st.booleans())  # fmt: skip
+                             st.booleans(), st.booleans())  # fmt: skip
             return raw_or_mutated(st.one_of(near, messages(pb.AttachShmRequest.DESCRIPTOR)).map(_ser))
         desc = REQUESTS.get(name, getattr(pb, f"{name}Request", None)).DESCRIPTOR
         wild = messages(desc)

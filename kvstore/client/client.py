@@ -150,7 +150,8 @@ class KVStoreClient:
         (disabled, at its bound, another host: its socket is not reachable from here)."""
         assert seg.fd is not None
         want_arena = self._arena_use is not False
-        resp = self._stub.AttachShm(pb.AttachShmRequest(size=seg.size, arena=want_arena), timeout=self.deadline_s)
+        req = pb.AttachShmRequest(size=seg.size, arena=want_arena, by_fd=True)
+        resp = self._stub.AttachShm(req, timeout=self.deadline_s)
         if not resp.ok:
             return self._refused(resp.reason)
         try:

@@ -237,12 +237,14 @@ class StatsResponse(_message.Message):
     def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pending_blocks: _Optional[int] = ..., pending_bytes: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
 
 class AttachShmRequest(_message.Message):
-    __slots__ = ("size", "arena")
+    __slots__ = ("size", "arena", "by_fd")
     SIZE_FIELD_NUMBER: _ClassVar[int]
     ARENA_FIELD_NUMBER: _ClassVar[int]
+    BY_FD_FIELD_NUMBER: _ClassVar[int]
     size: int
     arena: bool
-    def __init__(self, size: _Optional[int] = ..., arena: _Optional[bool] = ...) -> None: ...
+    by_fd: bool
+    def __init__(self, size: _Optional[int] = ..., arena: _Optional[bool] = ..., by_fd: _Optional[bool] = ...) -> None: ...
 
 class AttachShmResponse(_message.Message):
     __slots__ = ("ok", "reason", "ticket", "socket")

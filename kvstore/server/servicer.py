@@ -124,6 +124,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             return pb.AttachShmResponse(ok=False, reason="shared memory disabled on this daemon")
         if not self.sessions.socket_path:
             return pb.AttachShmResponse(ok=False, reason="this daemon has no shared-memory socket")
+        if not request.by_fd:  # a client from before would take ok for a session it never got
+            return pb.AttachShmResponse(ok=False, reason="this daemon takes segments as fds over its unix socket "
+                                        "only: update the client (it streams meanwhile)")
         caller = self.access.caller(context)
         arena = request.arena and self.arena is not None and self.access.sees_all(caller)
         try:

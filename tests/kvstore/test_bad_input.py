@@ -156,6 +156,18 @@ def test_impossible_segment_sizes_refused(daemon: Daemon, tmp_path: Path) -> Non
     """No segment is this small or this large: refused at AttachShm, in one line, no ticket."""
     ch, stub = _raw(daemon)
     for size in (0, HEADER_BYTES, 2**64 - 1):
-        r = stub.AttachShm(pb.AttachShmRequest(size=size), timeout=10)
+        r = stub.AttachShm(pb.AttachShmRequest(size=size, by_fd=True), timeout=10)
         assert not r.ok and r.reason and "\n" not in r.reason and not r.ticket
+    ch.close()
+
+
+def test_a_client_from_before_the_socket_is_refused_and_streams(daemon: Daemon) -> None:
+    """A client that attached by /dev/shm name (fields 1, 3, 4: reserved now) would take ok=True
+    for a session id it never got, and fail its Puts: it is refused, so it streams."""
+    ch, stub = _raw(daemon)
+    name = b"tierkv-0123456789abcdef"
+    old = (b"\x0a" + bytes([len(name)]) + name + pb.AttachShmRequest(size=1 << 20).SerializeToString()
+           + b"\x1a\x10" + b"x" * 16 + b"\x20\x01")  # name, size, token, pid as such a client sent them
+    r = stub.AttachShm(pb.AttachShmRequest.FromString(old), timeout=10)
+    assert not r.ok and "update the client" in r.reason and not r.ticket
     ch.close()
