@@ -87,3 +87,28 @@ def test_same_tagged_and_shared_keys_in_another_process() -> None:
     env = dict(os.environ, PYTHONHASHSEED="4242")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == here
+
+
+def test_a_tenants_keys_carry_its_name_and_the_salt_only_divides_them() -> None:
+    """With a tenant (a credential's), the tag comes from its name, never from the salt, so the
+    daemon can check it and charge it; the salt is a sub-namespace (digest only); tenant ``default``
+    keys untagged. No legacy salt computes a tenant's keys, nor a tenant another's."""
+    toks = [1, 2, 3, 4, 5, 6, 7, 8]
+    tagged = TENANT_MAGIC + tenant_tag("acme")
+    a1, a2, a0 = (chain_keys(NS.in_tenant("acme", s), toks) for s in ("s1", "s2", ""))
+    assert all(k[:8] == tagged for k in a1 + a2 + a0) and not set(a1) & set(a2) and not set(a1) & set(a0)
+    for legacy in ("acme", "s1", ""):
+        assert not set(chain_keys(NS.with_tenant(legacy), toks)) & set(a0 + a1)
+    assert chain_keys(NS.with_tenant("acme"), toks)[0][:8] == tagged  # legacy salt "acme": same tag, other keys
+    assert not set(chain_keys(NS.in_tenant("globex", "s1"), toks)) & set(a1)
+    d = chain_keys(NS.in_tenant("default", "s1"), toks)
+    assert all(len(k) == KEY_BYTES for k in d) and not set(d) & set(chain_keys(NS, toks))
+    shared = chain_keys(NS.in_tenant("acme", "s1"), toks, shared_pages=1)
+    assert shared[0] == chain_keys(NS, toks, shared_pages=1)[0] and shared[0][:2] == SHARED_MAGIC
+    with pytest.raises(ValueError, match="not a tenant name"):
+        NS.in_tenant("acme corp")
+    with pytest.raises(ValueError, match="reserved"):
+        NS.in_tenant("shared")
+    with pytest.raises(ValueError, match="no tenant or salt"):
+        Namespace(NS.arch, NS.weights_digest, NS.kv_dtype, PS, shared=True, tenant="acme")
+
