@@ -14,6 +14,7 @@ import torch
 from connector.blend.keys import chunk_key
 from connector.keys import KeySpace
 from engine.shared_prefix import SharedPrefixes
+from engine.tenancy import scoped_salt
 from kvstore.keys import (
     KEY_BYTES,
     SHARED_MAGIC,
@@ -112,3 +113,17 @@ def test_a_tenants_keys_carry_its_name_and_the_salt_only_divides_them() -> None:
     with pytest.raises(ValueError, match="no tenant or salt"):
         Namespace(NS.arch, NS.weights_digest, NS.kv_dtype, PS, shared=True, tenant="acme")
 
+
+def test_the_engines_scope_opens_into_tenant_and_salt() -> None:
+    """A request of tenant acme (its scope, engine/tenancy.py) is keyed in acme's namespace, pages and
+    CacheBlend chunks alike; a legacy salt keeps its old keys."""
+    ks, toks = _space(shared=False), list(range(40, 48))
+    base = ks.namespace(None)
+    assert ks.keys(toks, scoped_salt("acme", "s1")) == chain_keys(base.in_tenant("acme", "s1"), toks)
+    assert ks.keys(toks, scoped_salt("acme", None)) == chain_keys(base.in_tenant("acme"), toks)
+    assert ks.keys(toks, "tenant-a") == chain_keys(base.with_tenant("tenant-a"), toks)
+    c = chunk_key("fp", [1, 2, 3], tenant_salt=scoped_salt("acme", "s1"))
+    assert c[:8] == TENANT_MAGIC + tenant_tag("acme")
+    assert c != chunk_key("fp", [1, 2, 3], tenant_salt=scoped_salt("acme", "s2"))
+    assert c[8:] != chunk_key("fp", [1, 2, 3], tenant_salt="acme")[8:] != chunk_key("fp", [1, 2, 3], tenant_salt="s1")[8:]
+    assert len(chunk_key("fp", [1, 2, 3], tenant_salt=scoped_salt("default", ""))) == KEY_BYTES
