@@ -1,6 +1,11 @@
 """Block keys of an engine's pages: chained blake2b keys (kvstore/keys.py) in a namespace made of
 the model fingerprint, page size, KV dtype and the request's tenant salt (``cache_salt``).
 
+A request of a tenant (an API key's, or the engine's ``--tenant``) carries a scope made by
+engine/tenancy.py: its keys are tagged with the tenant's name, which the daemon checks against the
+engine's credential, and the body's salt enters only their digest. A legacy request (no tenant) is
+keyed by its salt alone, as before.
+
 Two tenants therefore never compute the same key for the same tokens, and two engines with the
 same model and settings always do (no Python ``hash()`` anywhere: stable across processes). A
 salted request's keys carry its tenant's tag (the daemon's accounting, kvstore/store/tenants.py).
@@ -18,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.shared_prefix import SharedPrefixes
+from engine.tenancy import split_salt
 from kvstore.keys import BlockKey, Namespace, chain_keys
 
 
@@ -36,7 +42,8 @@ class KeySpace:
         salt = salt or ""
         ns = self._by_salt.get(salt)
         if ns is None:
-            ns = self._by_salt[salt] = self._base.with_tenant(salt)
+            tenant, sub = split_salt(salt)
+            ns = self._by_salt[salt] = self._base.in_tenant(tenant, sub) if tenant else self._base.with_tenant(salt)
         return ns
 
     def keys(self, tokens: Sequence[int], salt: str | None) -> list[BlockKey]:

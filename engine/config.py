@@ -27,6 +27,8 @@ class EngineConfig:
     kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)
     kv_connector: str = "tierkv"  # which registered connector --kvstore attaches (engine/plugins.py)
     shared_prefix_file: str = ""  # YAML list of prompts every tenant shares the KV of (engine/shared_prefix.py)
+    tenant: str = ""  # the one tenant of an engine without API keys: every request's namespace (engine/tenancy.py)
+    api_keys_file: str = ""  # YAML API key -> tenant: /v1/* need a key, whose tenant is the request's (engine/tenancy.py)
 
     def __post_init__(self) -> None:
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -43,6 +45,13 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
+        if self.tenant:
+            from engine.tenancy import check_tenant
+
+            check_tenant(self.tenant, "tenant")
+            if self.api_keys_file:
+                raise ValueError("tenant names the one tenant of an engine without API keys; with api_keys_file "
+                                 "each key names its tenant")
 
     @staticmethod
     def from_env(**overrides: object) -> EngineConfig:

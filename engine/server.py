@@ -5,6 +5,11 @@ prompt_tokens_details.cached_tokens (only prompt tokens whose KV was not compute
 and its split in the extension ``prompt_tokens_details.tierkv`` (with ``pages``: each prompt page's
 cache outcome, when a plug-in judged them), /v1/models, /health, /metrics. Errors are OpenAI-shaped
 400s; a client that disconnects has its request aborted so its pages are freed.
+
+Tenants (engine/tenancy.py): with ``api_keys`` every /v1/* call (every path but /health and
+/metrics) needs ``Authorization: Bearer KEY`` (401 without a valid one) and runs in its key's tenant; else in
+``tenant`` (the engine's one tenant, or none). The body's ``cache_salt`` only sub-divides that
+tenant's namespace, so no request reaches another tenant's radix tree or daemon keys.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ from engine.errors import EngineDeadError, InvalidRequestError
 from engine.hooks import DocumentPrompts
 from engine.protocol import ChatRequest, CompletionRequest
 from engine.request import HookState, RequestOutput
+from engine.tenancy import ApiKeys, body_salt_error, scoped_salt
 
 CHAT_DEFAULT_MAX = 1024
 #: bytes of one request body; a larger one is answered 413 before it is read (Content-Length) or as
 #: soon as it passes the bound (chunked), so no client makes the server hold more. A 128k-token
 #: prompt as JSON token ids is ~1 MB; CacheBlend documents fit too.
 MAX_BODY_BYTES = 16 * 1024**2
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # what answers without an API key (probes, Prometheus)
 
 
 def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
@@ -75,9 +82,12 @@ def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
 
 
 def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, api_keys: ApiKeys | None = None, tenant: str = "") -> FastAPI:
     """documents: the request builders of the plug-in that serves `documents` and `blend_separator`
-    requests (kvengine serve's: CacheBlend); None refuses them."""
+    requests (kvengine serve's: CacheBlend); None refuses them. ``api_keys`` / ``tenant``: whose
+    namespace each request runs in (module notes)."""
+    if api_keys is not None and tenant:
+        raise ValueError("a server with API keys takes each request's tenant from its key, not a fixed tenant")
     app = FastAPI(title="tierkv engine", max_body_size=max_body_bytes)
     eng = aengine.engine
     tok = eng.tokenizer
@@ -97,6 +107,25 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
     @app.exception_handler(EngineDeadError)
     async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
         return _error(503, str(exc), etype="server_error")
+
+    if api_keys is not None:
+        @app.middleware("http")
+        async def _api_key(http: Request, call_next: Callable[[Request], Any]) -> Any:
+            if http.url.path not in OPEN_PATHS:  # deny by default: /v1/*, and FastAPI's /docs too
+                found = api_keys.tenant(http.headers.get("authorization"))
+                if found is None:
+                    resp = _error(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
+                                  etype="authentication_error")
+                    resp.headers["WWW-Authenticate"] = "Bearer"
+                    return resp
+                http.state.tenant = found
+            return await call_next(http)
+
+    def _salt(http: Request, body_salt: str | None) -> str | None:
+        """The request's scope: its tenant's (its key's, else the server's), sub-divided by the body's salt."""
+        if (why := body_salt_error(body_salt)) is not None:
+            raise InvalidRequestError(why, "cache_salt")
+        return scoped_salt(getattr(http.state, "tenant", tenant), body_salt)
 
     @app.get("/health")
     async def health() -> Any:
@@ -155,7 +184,7 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
         params = body.sampling(default_max=16)
         rid = f"cmpl-{uuid.uuid4().hex}"
         aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extras=extras)
+        gen = aengine.generate(rid, ids, params, cache_salt=_salt(http, body.cache_salt), extras=extras)
         if body.stream:
             def chunks(out: RequestOutput) -> list[dict[str, Any]]:
                 base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name}
@@ -191,7 +220,7 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
         params = body.sampling(default_max=max(1, min(CHAT_DEFAULT_MAX, room)))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extras=extras)
+        gen = aengine.generate(rid, ids, params, cache_salt=_salt(http, body.cache_salt), extras=extras)
         if body.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "model": model_name}
             head = [{**base, "created": int(time.time()),

@@ -91,6 +91,9 @@ OPTIONS: tuple[Option, ...] = (
     _scalar("--stream-port", "stream_port", "port of the raw TCP Get channel", "0 = any free port"),
     _scalar("--token-file", "token_file", "file holding the bearer token clients must send, created 0600 when "
             "missing; or the token itself in TIERKV_TOKEN", "$TIERKV_CACHE_DIR or $XDG_RUNTIME_DIR/tierkv, /token"),
+    _scalar("--credentials-file", "credentials_file", "YAML file of credentials: each token (or token_file) with "
+            "the tenants it may read and write, or admin: true (kvstore/server/credentials.py); replaces the one "
+            "token", "none: the one token is an admin credential"),
     _scalar("--no-auth", "auth", "accept calls without a token: UNSAFE beyond loopback (anyone reaching the port "
             "reads and writes the cache)", "auth on", switch=False),
     _scalar("--tls-cert", "tls_cert", "PEM certificate: serve gRPC over TLS (with --tls-key)", "plaintext"),
@@ -102,7 +105,7 @@ _METAVARS = {"--cpu": "SIZE", "--disk": "PATH[:SIZE]", "--s3": "URL", "--s3-endp
              "--s3-admit-hits": "N", "--redis": "URL", "--redis-capacity": "SIZE", "--eviction": "POLICY",
              "--listen": "HOST:PORT", "--metrics-port": "PORT", "--metrics-listen": "HOST:PORT",
              "--shm-max-bytes": "SIZE", "--stats-interval": "SECONDS", "--tenant-quota": "SIZE", "--stream-port": "PORT",
-             "--token-file": "FILE", "--tls-cert": "FILE", "--tls-key": "FILE", "--tls-client-ca": "FILE"}
+             "--token-file": "FILE", "--credentials-file": "FILE", "--tls-cert": "FILE", "--tls-key": "FILE", "--tls-client-ca": "FILE"}
 
 
 def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

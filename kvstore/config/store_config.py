@@ -133,6 +133,7 @@ class StoreConfig:
     auth: bool = True  # require a bearer token on every gRPC call but health (kvstore/server/auth.py)
     token: str = field(default="", repr=False)  # TIERKV_TOKEN; "" = token_file
     token_file: str = ""  # "" = <runtime dir>/token, created 0600 when missing
+    credentials_file: str = ""  # YAML: tokens -> tenants, admin (kvstore/server/credentials.py); "" = the one token is admin
     tls_cert: str = ""  # PEM files: serve gRPC over TLS ...
     tls_key: str = ""
     tls_client_ca: str = ""  # ... and require client certificates signed by this CA (mutual TLS)

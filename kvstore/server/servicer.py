@@ -12,6 +12,11 @@ answered in place: for a block in that arena the answer is its offset there, and
 pins it goes into a lease of the session until the client releases it (kvstore/server/shm_sessions.py).
 The daemon copies nothing; the client copies each block out and verifies its copy. Blocks from
 anywhere else (lower tiers, the spill queue, heap copies) are copied into the segment as before.
+
+Every call that names keys checks each of them against the caller's credential first
+(kvstore/server/credentials.py ``Caller.check``): one refused key fails the whole call with
+PERMISSION_DENIED and nothing read, stored or deleted. Stats shows a tenant's credential its own
+tenants' rows only; traces are an admin's.
 """
 
 from __future__ import annotations
@@ -26,10 +31,18 @@ import grpc
 from kvstore.block import MAX_KEY_LEN, decode_block
 from kvstore.client.transfer import align
 from kvstore.config.store_config import StoreConfig, default_cache_dir
-from kvstore.errors import BlockFormatError, ChecksumError, ResourceExhausted, ShmSessionLost, StoreClosed
+from kvstore.errors import (
+    BlockFormatError,
+    ChecksumError,
+    PermissionDenied,
+    ResourceExhausted,
+    ShmSessionLost,
+    StoreClosed,
+)
 from kvstore.ops.trace import TraceControl, TraceError
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.server.credentials import Access, Caller
 from kvstore.server.shm_sessions import Session, ShmSessions
 from kvstore.server.stream_server import MAX_KEYS, StreamServer
 from kvstore.store.tiered_store import TieredStore
@@ -55,8 +68,9 @@ def _check_keys(keys: list[bytes]) -> None:
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, store: TieredStore, config: StoreConfig, sessions: ShmSessions,
-                 streams: StreamServer | None = None) -> None:  # fmt: skip
+                 streams: StreamServer | None = None, access: Access | None = None) -> None:  # fmt: skip
         self.store, self.cfg, self.sessions, self.streams = store, config, sessions, streams
+        self.access = access if access is not None else Access(None)  # None: no auth, every caller admin
         arena = store.arena() if config.shm and config.shm_arena else None
         share = arena.share() if arena is not None else None
         self.arena: Arena | None = arena if share is not None else None  # Gets answered in place
@@ -65,11 +79,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self.trace = TraceControl(store, default_cache_dir() / "traces")
         self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
+    def _caller(self, context: grpc.ServicerContext) -> Caller:
+        """The credential of this call (the auth interceptor already refused unknown tokens)."""
+        caller = self.access.caller(context.invocation_metadata())
+        if caller is None:
+            raise _Abort(grpc.StatusCode.UNAUTHENTICATED, "unknown bearer token")
+        return caller
+
     def _run(self, context: grpc.ServicerContext, fn):  # type: ignore[no-untyped-def]
         try:
             return fn()
         except _Abort as e:
             context.abort(e.code, e.message)
+        except PermissionDenied as e:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         except ShmSessionLost as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except StoreClosed as e:
@@ -82,6 +105,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         def go() -> pb.LookupResponse:
             keys = list(request.keys)
             _check_keys(keys)
+            self._caller(context).check(keys)
             res = self.store.lookup(keys, read=not request.write_check)
             resp = pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
                                      evicted_from=[t or "" for t in res.evicted_from])
@@ -99,17 +123,30 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         def go() -> pb.DeleteResponse:
             keys = list(request.keys)
             _check_keys(keys)
+            self._caller(context).check(keys, write=True)
             return pb.DeleteResponse(deleted=sum(1 for k in keys if self.store.delete(k)))
 
         return self._run(context, go)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
-        st = self.store.stats()
+        return self._run(context, lambda: self._stats(self._caller(context)))
+
+    def _stats(self, caller: Caller) -> pb.StatsResponse:
+        """Everything for an admin; a tenant's credential gets its own tenants' rows and, of each
+        tier, only what it is (name, capacity, attached): the tier's totals count other tenants."""
+        show = self.access.display
+        if caller.admin:
+            st = self.store.stats()
+            return pb.StatsResponse(
+                tiers=[pb.TierStats(**asdict(t)) for t in st.tiers],
+                pending_blocks=st.pending_blocks,
+                pending_bytes=st.pending_bytes,
+                tenants=[pb.TenantStats(**{**t._asdict(), "tenant": show(t.tenant)}) for t in st.tenants],
+            )
+        st = self.store.stats(only=caller.names)
         return pb.StatsResponse(
-            tiers=[pb.TierStats(**asdict(t)) for t in st.tiers],
-            pending_blocks=st.pending_blocks,
-            pending_bytes=st.pending_bytes,
-            tenants=[pb.TenantStats(**t._asdict()) for t in st.tenants],
+            tiers=[pb.TierStats(name=t.name, capacity_bytes=t.capacity_bytes, available=t.available) for t in st.tiers],
+            tenants=[pb.TenantStats(**{**t._asdict(), "tenant": show(t.tenant)}) for t in st.tenants],
         )
 
     def AttachShm(self, request: pb.AttachShmRequest, context: grpc.ServicerContext) -> pb.AttachShmResponse:
@@ -132,17 +169,22 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def OpenStream(self, request: pb.OpenStreamRequest, context: grpc.ServicerContext) -> pb.OpenStreamResponse:
         if self.streams is None:
             return pb.OpenStreamResponse(ok=False, reason="no stream channel on this daemon")
-        token = self.streams.issue()
+        self._run(context, lambda: self._caller(context))  # an unknown token gets no grant
+        token = self.streams.issue(self.access.binding(context.invocation_metadata()))
         if token is None:
             return pb.OpenStreamResponse(ok=False, reason=f"stream channel at its limit of {self.streams.max_conns}")
         return pb.OpenStreamResponse(ok=True, port=self.streams.port, token=token)
 
     def TraceStart(self, request: pb.TraceStartRequest, context: grpc.ServicerContext) -> pb.TraceStartResponse:
-        return self._run(context, lambda: pb.TraceStartResponse(
-            path=self.trace.start(request.out, request.max_records)))
+        def go() -> pb.TraceStartResponse:
+            self._caller(context).check_admin("TraceStart")  # a trace records every tenant's keys
+            return pb.TraceStartResponse(path=self.trace.start(request.out, request.max_records))
+
+        return self._run(context, go)
 
     def TraceStop(self, request: pb.TraceStopRequest, context: grpc.ServicerContext) -> pb.TraceStopResponse:
         def go() -> pb.TraceStopResponse:
+            self._caller(context).check_admin("TraceStop")
             path, records, overwritten = self.trace.stop()
             if self.on_trace_written is not None:
                 self.on_trace_written(path)
@@ -152,15 +194,16 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     # -- Put (client-streamed, two-phase) ------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
-        return self._run(context, lambda: self._put(request_iterator))
+        return self._run(context, lambda: self._put(request_iterator, self._caller(context)))
 
-    def _put(self, requests: Iterator[pb.PutRequest]) -> pb.PutResponse:
+    def _put(self, requests: Iterator[pb.PutRequest], caller: Caller) -> pb.PutResponse:
         bad = grpc.StatusCode.INVALID_ARGUMENT
         first = next(requests, None)
         if first is None or first.WhichOneof("kind") != "begin":
             raise _Abort(bad, "a Put stream must start with a begin message")
         specs = list(first.begin.blocks)
         _check_keys([s.key for s in specs])
+        caller.check([s.key for s in specs], write=True)  # before a byte is read: nothing stored
         total = 0
         for i, s in enumerate(specs):
             if s.size == 0:  # no block is empty: without this check a commit would validate None
@@ -245,7 +288,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     # -- Get (server-streamed) -----------------------------------------------------------
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> Iterator[pb.GetResponse]:
         keys = list(request.keys)
-        self._run(context, lambda: _check_keys(keys))
+        self._run(context, lambda: (_check_keys(keys), self._caller(context).check(keys)))
         if request.shm_session:
             yield self._run(context, lambda: self._get_shm(request, keys, context))
             return
@@ -265,6 +308,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         def go() -> pb.GetResponse:
             keys = list(request.keys)
             _check_keys(keys)
+            self._caller(context).check(keys)
             if not request.shm_session:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "GetShm needs a shared-memory session")
             return self._get_shm(request, keys, context)
