@@ -402,6 +402,14 @@ def spawn_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None 
     if not own and "--token-file" not in flags and "--credentials-file" not in flags:
         # the token where a client of *this* process looks by default (not under cache_dir)
         full_env["TIERKV_TOKEN_FILE"] = str(default_token_file())
+    if "TIERKV_MAC_SECRET_FILE" not in full_env and "--mac-secret-file" not in flags:
+        # one MAC secret for every daemon started here, so daemons sharing a Redis or S3 tier accept
+        # each other's blocks (as one cluster's do); the file of this process's default, created now
+        from kvstore.config.tier_secrets import default_mac_secret_file
+        from kvstore.server.auth import ensure_token_file
+
+        ensure_token_file(mac_file := default_mac_secret_file())
+        full_env["TIERKV_MAC_SECRET_FILE"] = str(mac_file)
     err = open(log_path, "a") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)
