@@ -87,3 +87,25 @@ def test_same_tagged_and_shared_keys_in_another_process() -> None:
     env = dict(os.environ, PYTHONHASHSEED="4242")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == here
+
+
+def test_namespaces_of_ten_thousand_salts_are_not_all_kept() -> None:
+    """Without the bound every salt ever seen kept its namespace (~6 MB for these 10,000 salts); a salt
+    dropped from the cache gets the same keys again, and never another salt's."""
+    import tracemalloc
+
+    from connector.keys import NAMESPACES
+
+    space = _space(shared=False)
+    first = space.keys([1, 2, 3, 4], "tenant-0")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(10_000):
+            space.namespace(f"tenant-{i}-" + "s" * 200)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < NAMESPACES * 2_000, grown  # the namespaces of the most recent salts only
+    assert space.keys([1, 2, 3, 4], "tenant-0") == first  # evicted long ago: the same keys
+    assert space.keys([1, 2, 3, 4], "tenant-1") != first and space.keys([1, 2, 3, 4], None) != first
