@@ -196,7 +196,7 @@ class LLMEngine:
         seqs, needs_logits = [], []
         for req, n in plan:
             start = req.num_computed
-            seqs.append((req.all_ids[start : start + n], start, req.pages))
+            seqs.append((req.ids_between(start, start + n), start, req.pages))
             needs_logits.append(start + n == req.num_tokens)
         batch = ForwardBatch.build(seqs, self.pool.page_size, self.device, logits=needs_logits)
         logits = self.model.forward(batch, self.pool, self.attn)
