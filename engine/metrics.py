@@ -36,6 +36,8 @@ class EngineMetrics:
         self.generation_tokens = Counter("tierkv_engine_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("tierkv_engine_requests", "Finished requests", ["finish_reason"], registry=r)
         self.preemptions = Gauge("tierkv_engine_preemptions", "Preemptions so far", registry=r)
+        self.api_tokenizing = Gauge("tierkv_engine_api_prompts_tokenizing",
+                                    "Prompts being tokenised, on the thread pool beside the event loop", registry=r)
 
     def count_usage(self, usage: PromptUsage) -> None:
         for outcome, parts in (("cached", usage.cached_by_source()), ("computed", usage.computed_by_source())):

@@ -1,16 +1,21 @@
 """Stop rules in linear time give the very text, finish reason and finishing token the old whole-output
-checker gave, stream no half character or part of a stop string, and decode a bounded window per token."""
+checker gave, stream nothing it would have held back, decode a bounded window per token, and refuse
+stop strings past the engine's bounds."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
+import pytest
+
 from bench.stop_cost import whole_output_update
 from engine.detokenizer import MAX_PENDING
+from engine.errors import InvalidRequestError
 from engine.request import Request
 from engine.sampling import SamplingParams
 from engine.stop import StopChecker
+from tests.fixtures_engine import make_engine
 
 EOS = (2,)
 TEXT = ("The lighthouse at Orvik — built in 1852 — still shines. Привет, мир! 你好，世界。 Llamas 🦙 and rockets 🚀 "
@@ -119,3 +124,23 @@ def test_each_token_decodes_a_bounded_window(tiny) -> None:
     pieces, reason, t = _new(StopChecker(spy, EOS), ids, SamplingParams(max_tokens=3000, stop=stop))
     assert (reason, t) == ("length", 3000) and "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
     assert spy.longest <= 2 * MAX_PENDING
+
+
+@pytest.mark.parametrize("params,msg", [
+    (dict(stop=tuple(f"s{i}" for i in range(9))), "at most 8 stop strings"),
+    (dict(stop=("x" * 257,)), "at most 256 characters"),
+    (dict(stop_token_ids=tuple(range(65))), "at most 64 stop_token_ids"),
+])
+def test_stop_rules_past_the_bounds_are_refused(tiny, params: dict[str, Any], msg: str) -> None:
+    eng = make_engine(tiny)
+    with pytest.raises(InvalidRequestError, match=msg):
+        eng.add_request([1, 2, 3], SamplingParams(**params))
+    assert not eng.has_unfinished()
+    eng.add_request([1, 2, 3], SamplingParams(stop=tuple("x" * 256 for _ in range(8)), stop_token_ids=tuple(range(64))))
+
+
+def test_a_seed_torch_cannot_take_is_refused_before_the_step_thread() -> None:
+    """2**70 used to reach torch.Generator.manual_seed on the step thread: RuntimeError, engine loop dead."""
+    with pytest.raises(InvalidRequestError, match="seed"):
+        SamplingParams(seed=2**70)
+    SamplingParams(seed=2**64 - 1)
