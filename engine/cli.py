@@ -23,7 +23,8 @@ _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 #: the plug-in ``serve`` attaches for `documents` / `blend_separator` requests (``--no-blend``: none)
 DOCUMENTS_PLUGIN = "cacheblend"
 #: the bounds on what one API client may ask (engine/limits.py), one integer flag each
-LIMIT_FLAGS = {"max_stop_strings": "stop strings per request", "max_stop_chars": "characters of one stop string",
+LIMIT_FLAGS = {"max_waiting": "API requests in flight beyond --max-num-seqs; past it: 429",
+               "max_stop_strings": "stop strings per request", "max_stop_chars": "characters of one stop string",
                "max_stop_token_ids": "stop_token_ids per request",
                "max_prompt_chars": "characters of a text prompt before tokenising (0 = 16 per token of context)",
                "max_salt_bytes": "UTF-8 bytes of a cache_salt"}

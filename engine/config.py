@@ -27,7 +27,8 @@ class EngineConfig:
     kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)
     kv_connector: str = "tierkv"  # which registered connector --kvstore attaches (engine/plugins.py)
     shared_prefix_file: str = ""  # YAML list of prompts every tenant shares the KV of (engine/shared_prefix.py)
-    # what one API client may ask (engine/limits.py): past a bound, a 400
+    # what one API client may ask (engine/limits.py): past a bound, a 400 (429 for max_waiting)
+    max_waiting: int = 256  # API requests in flight beyond max_num_seqs (tokenising or queued)
     max_stop_strings: int = 8
     max_stop_chars: int = 256  # characters of one stop string
     max_stop_token_ids: int = 64
@@ -49,7 +50,7 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
-        for name in ("max_stop_strings", "max_stop_token_ids", "max_prompt_chars"):
+        for name in ("max_waiting", "max_stop_strings", "max_stop_token_ids", "max_prompt_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_stop_chars", "max_salt_bytes"):

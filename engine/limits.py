@@ -3,17 +3,18 @@
 Every input a client controls has a bound, so no single request can cost the others
 (docs/operations.md, "Limits of the engine's API"): how many stop strings and how long (the stop
 checker's work per token grows with them), how many stop token ids, how long a ``cache_salt`` is,
-and how many characters a text prompt has before it is tokenised (tokenising costs ~1 s per MiB).
-The prompt's length in tokens is bounded by the context (engine/scheduler.py ``check_fits``), and
-so is ``max_tokens``.
+how many characters a text prompt has before it is tokenised (tokenising costs ~1 s per MiB), and
+how many requests are in flight at once (``InFlight``: past ``max_num_seqs + max_waiting`` a
+request is answered 429 at once instead of joining an unbounded queue). The prompt's length in
+tokens is bounded by the context (engine/scheduler.py ``check_fits``), and so is ``max_tokens``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.config import EngineConfig
-from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.errors import InvalidRequestError, OverloadedError, PromptTooLongError
 
 #: ``max_prompt_chars`` = 0: this many characters per token of context (no real text comes near it:
 #: English runs ~4-5 characters a token)
@@ -65,3 +66,38 @@ def check_prompt_tokens(max_model_len: int, n: int) -> None:
     if n > max_model_len:
         raise PromptTooLongError(f"the prompt has {n} tokens, more than the model's context length "
                                  f"{max_model_len}", "prompt")
+
+
+class Slot:
+    """One request's place among those in flight; ``release`` is idempotent."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: InFlight) -> None:
+        self._owner: InFlight | None = owner
+
+    def release(self) -> None:
+        if self._owner is not None:
+            self._owner.count -= 1
+            self._owner.on_change(self._owner.count)
+            self._owner = None
+
+
+class InFlight:
+    """API requests accepted and not yet finished (tokenising, queued, loading or running), at most
+    ``capacity``; ``on_change(count)`` after each change (a gauge). Used from the event loop only."""
+
+    def __init__(self, capacity: int, on_change: Callable[[int], object] = lambda _: None) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0, got {capacity}")
+        self.capacity = capacity
+        self.count = 0
+        self.on_change = on_change
+
+    def enter(self) -> Slot:
+        if self.count >= self.capacity:
+            raise OverloadedError(f"the server has {self.count} requests in flight, as many as it takes; "
+                                  "retry later")
+        self.count += 1
+        self.on_change(self.count)
+        return Slot(self)

@@ -7,8 +7,9 @@ cache outcome, when a plug-in judged them), /v1/models, /health, /metrics. Error
 400s; a client that disconnects has its request aborted so its pages are freed.
 
 One client cannot stall the others (engine/limits.py): every bounded input is checked before any
-work, and prompts are tokenised (and chat templates rendered) on a small thread pool, never on the
-event loop that answers /health.
+work; prompts are tokenised (and chat templates rendered) on a small thread pool, never on the event
+loop that answers /health; and past ``max_num_seqs + max_waiting`` requests in flight a completion
+request is answered 429 (503 once the engine loop died) with ``Retry-After`` before its body is read.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine import limits
 from engine.async_engine import AsyncEngine
-from engine.errors import EngineDeadError, InvalidRequestError
+from engine.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from engine.hooks import DocumentPrompts
 from engine.prompts import PromptBuilder
 from engine.protocol import ChatRequest, CompletionRequest
@@ -41,12 +43,41 @@ CHAT_DEFAULT_MAX = 1024
 #: prompt as JSON token ids is ~1 MB; CacheBlend documents fit too.
 MAX_BODY_BYTES = 16 * 1024**2
 TOKENIZER_THREADS = 2  # prompts tokenised at once, off the event loop
+RETRY_AFTER = {"Retry-After": "1"}  # on a 429 or 503: seconds
+LIMITED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})  # the requests counted in flight
 T = TypeVar("T")
 
 
-def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": etype,
-                                                               "param": param, "code": None}})
+def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, headers=headers,
+                        content={"error": {"message": message, "type": etype, "param": param, "code": None}})
+
+
+class _InFlightLimit:
+    """ASGI middleware: a completion request holds a place among those in flight (``limits.InFlight``)
+    from its first byte until its response has ended, streamed or not, or its client went away. Past
+    the cap it is answered 429 at once, its body unread; once the engine loop died, 503."""
+
+    def __init__(self, app: ASGIApp, aengine: AsyncEngine, in_flight: limits.InFlight) -> None:
+        self.app, self.aengine, self.in_flight = app, aengine, in_flight
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in LIMITED_PATHS:
+            return await self.app(scope, receive, send)
+        try:
+            if self.aengine.dead is not None:
+                raise EngineDeadError(f"engine loop died: {self.aengine.dead!r}")
+            slot = self.in_flight.enter()
+        except OverloadedError as e:
+            self.aengine.metrics.api_overloaded.inc()
+            return await _error(429, str(e), etype="rate_limit_error", headers=RETRY_AFTER)(scope, receive, send)
+        except EngineDeadError as e:
+            return await _error(503, str(e), etype="server_error", headers=RETRY_AFTER)(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            slot.release()
 
 
 def _usage(out: RequestOutput) -> dict[str, Any]:
@@ -100,6 +131,8 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
         pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="tierkv engine", max_body_size=max_body_bytes, lifespan=lifespan)
+    app.add_middleware(_InFlightLimit, aengine=aengine,  # type: ignore[arg-type]
+                       in_flight=limits.InFlight(cfg.max_num_seqs + cfg.max_waiting, aengine.metrics.api_in_flight.set))
     created = int(time.time())
 
     @app.exception_handler(RequestValidationError)
@@ -115,12 +148,12 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
 
     @app.exception_handler(EngineDeadError)
     async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return _error(503, str(exc), etype="server_error")
+        return _error(503, str(exc), etype="server_error", headers=RETRY_AFTER)
 
     @app.get("/health")
     async def health() -> Any:
         if aengine.dead is not None:
-            return _error(503, "engine loop died", etype="server_error")
+            return _error(503, "engine loop died", etype="server_error", headers=RETRY_AFTER)
         return {"status": "ok"}
 
     @app.get("/metrics")

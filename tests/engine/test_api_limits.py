@@ -1,10 +1,11 @@
 """`kvengine serve` cannot be knocked over by one client: bounded stop strings, salts and prompts get a
-one-line 400 before any work, a seed torch cannot take does not kill the engine loop, and a multi-MiB
-prompt is tokenised off the event loop while /health keeps answering.
+one-line 400 before any work, a seed torch cannot take does not kill the engine loop, a multi-MiB prompt
+is tokenised off the event loop while /health keeps answering, and past max_num_seqs + max_waiting
+requests in flight the server answers 429 with Retry-After, taking requests again once they finish.
 
-A real server process on the tiny random Llama (with SmolLM2's chat template), with the bound on a
-prompt's characters raised so that the big prompt really is tokenised (the last test checks that
-bound, on an in-process server)."""
+A real server process on the tiny random Llama (with SmolLM2's chat template), one request slot and one
+waiting place, and the bound on a prompt's characters raised so that the big prompt really is
+tokenised (the last test checks that bound, on an in-process server)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ def tiny_chat(tmp_path_factory: pytest.TempPathFactory):
 def server(tiny_chat, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("http") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
-    with engine_server("--model", str(tiny_chat), "--threads", "1", "--kv-memory", "16Mi",
-                       "--max-prompt-chars", str(16 * 2**20), "--no-blend", env=env,
+    with engine_server("--model", str(tiny_chat), "--threads", "1", "--kv-memory", "16Mi", "--max-num-seqs", "1",
+                       "--max-waiting", "1", "--max-prompt-chars", str(16 * 2**20), "--no-blend", env=env,
                        inherit_env=False, log_path=log, timeout_s=240) as engine:  # fmt: skip
         yield engine.base
     assert "Traceback" not in log.read_text()
@@ -92,6 +93,10 @@ def _tokenizing(base: str) -> float:
     return _gauge(base, "tierkv_engine_api_prompts_tokenizing")
 
 
+def _in_flight(base: str) -> float:
+    return _gauge(base, "tierkv_engine_api_requests_in_flight")
+
+
 def test_health_answers_while_a_huge_prompt_is_tokenised(server: str) -> None:
     """Tokenised on the event loop (as before), the 4 MiB prompt held every other request for seconds:
     no probe could be answered while it was being tokenised (the gauge is 1 only meanwhile)."""
@@ -121,6 +126,25 @@ def test_health_answers_while_a_huge_prompt_is_tokenised(server: str) -> None:
         t.join()
     assert seen_tokenizing
     assert "context length" in _error(big[0], 400, "prompt")  # it was tokenised, then refused: too long
+
+
+def test_past_the_cap_a_request_gets_429_and_retry_after(server: str) -> None:
+    """One running and one waiting request fill the server; without the cap a third joined the queue."""
+    body = {"prompt": "Tell me a long story.", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=DEADLINE_S) as a, httpx.Client(timeout=DEADLINE_S) as b:
+        with a.stream("POST", server + "/v1/completions", json=body) as r1, \
+                b.stream("POST", server + "/v1/completions", json=body) as r2:
+            assert r1.status_code == 200 and r2.status_code == 200
+            r = httpx.post(server + "/v1/chat/completions", timeout=DEADLINE_S,
+                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            assert "retry later" in _error(r, 429, None)
+            assert r.json()["error"]["type"] == "rate_limit_error" and r.headers["retry-after"] == "1"
+            assert httpx.get(server + "/health", timeout=DEADLINE_S).status_code == 200
+    # both clients went away: their places free as the server notices (the next token it sends)
+    ok = lambda: httpx.post(server + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},  # noqa: E731
+                            timeout=DEADLINE_S).status_code == 200
+    _wait_until(ok)
+    _wait_until(lambda: _in_flight(server) == 0)
 
 
 def _wait_until(cond: Any) -> None:
