@@ -22,6 +22,12 @@ log = logging.getLogger("kvengine")
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 #: the plug-in ``serve`` attaches for `documents` / `blend_separator` requests (``--no-blend``: none)
 DOCUMENTS_PLUGIN = "cacheblend"
+#: the bounds on what one API client may ask (engine/limits.py), one integer flag each
+LIMIT_FLAGS = {"max_waiting": "API requests in flight beyond --max-num-seqs; past it: 429",
+               "max_stop_strings": "stop strings per request", "max_stop_chars": "characters of one stop string",
+               "max_stop_token_ids": "stop_token_ids per request",
+               "max_prompt_chars": "characters of a text prompt before tokenising (0 = 16 per token of context)",
+               "max_salt_bytes": "UTF-8 bytes of a cache_salt"}
 
 
 def _field_help(text: str, field: str, shown: object = None) -> str:
@@ -60,6 +66,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenant", default=None, metavar="NAME",
                    help=_field_help("the one tenant of an engine without API keys: its requests' KV namespace; "
                                     "cache_salt only sub-divides it (engine/tenancy.py)", "tenant"))
+    for field, text in LIMIT_FLAGS.items():
+        p.add_argument("--" + field.replace("_", "-"), type=int, default=None, help=_field_help(text, field))
     p.add_argument("--check-config", action="store_true", help="validate flags and environment, then exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -111,7 +119,7 @@ def _config(a: argparse.Namespace) -> EngineConfig:
         page_size=a.page_size, max_num_seqs=a.max_num_seqs, max_prefill_tokens=a.max_prefill_tokens,
         max_model_len=a.max_model_len, attention_backend=a.attention_backend, num_threads=a.num_threads,
         kv_connector=a.kv_connector, shared_prefix_file=a.shared_prefix_file, tenant=a.tenant,
-        api_keys_file=getattr(a, "api_keys_file", None))
+        api_keys_file=getattr(a, "api_keys_file", None), **{field: getattr(a, field) for field in LIMIT_FLAGS})
 
 
 def build_engine(cfg: EngineConfig, kvstore: str | None = None):

@@ -127,3 +127,25 @@ def test_the_engines_scope_opens_into_tenant_and_salt() -> None:
     assert c != chunk_key("fp", [1, 2, 3], tenant_salt=scoped_salt("acme", "s2"))
     assert c[8:] != chunk_key("fp", [1, 2, 3], tenant_salt="acme")[8:] != chunk_key("fp", [1, 2, 3], tenant_salt="s1")[8:]
     assert len(chunk_key("fp", [1, 2, 3], tenant_salt=scoped_salt("default", ""))) == KEY_BYTES
+
+
+def test_namespaces_of_ten_thousand_salts_are_not_all_kept() -> None:
+    """Without the bound every salt ever seen kept its namespace (~6 MB for these 10,000 salts); a salt
+    dropped from the cache gets the same keys again, and never another salt's."""
+    import tracemalloc
+
+    from connector.keys import NAMESPACES
+
+    space = _space(shared=False)
+    first = space.keys([1, 2, 3, 4], "tenant-0")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(10_000):
+            space.namespace(f"tenant-{i}-" + "s" * 200)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < NAMESPACES * 2_000, grown  # the namespaces of the most recent salts only
+    assert space.keys([1, 2, 3, 4], "tenant-0") == first  # evicted long ago: the same keys
+    assert space.keys([1, 2, 3, 4], "tenant-1") != first and space.keys([1, 2, 3, 4], None) != first
