@@ -2,7 +2,7 @@
 
 A caller that may read every block is answered in place: the daemon copies nothing, the client
 copies each block out of the arena into its own memory. A tenant of a multi-tenant daemon is
-never handed the arena (kvstore/server/read_access.py): the daemon copies each block into the
+never handed the arena (kvstore/server/credentials.py): the daemon copies each block into the
 tenant's segment, and the client copies it out of there. Both paths are measured here on the
 same daemon (``kvstore serve``, another process), the same client process and the same blocks:
 the KV of a ``--tokens``-token prompt of SmolLM2-135M in fp32 (16-token pages, 737,280-byte

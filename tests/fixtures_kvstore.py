@@ -44,9 +44,9 @@ from kvstore.client.shm import SEGMENT_PREFIX
 from kvstore.config.store_config import StoreConfig, TierConfig, load_config
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.server.credentials import Access
 from kvstore.server.daemon import Daemon as ServedDaemon
 from kvstore.server.daemon import grpc_options
-from kvstore.server.read_access import ALLOW_ALL, ReadAccess
 from kvstore.server.servicer import KVStoreServicer
 from kvstore.server.shm_listener import ShmListener
 from kvstore.server.shm_sessions import ShmSessions
@@ -223,8 +223,10 @@ def shm_listener(sessions: ShmSessions, servicer: KVStoreServicer) -> Iterator[S
 
 @contextmanager
 def inprocess_daemon(sessions: ShmSessions | None = None, workers: int = 8, cpu_bytes: int = 64 * 1024**2,
-                     lower: list | None = None, access: ReadAccess = ALLOW_ALL) -> Iterator[InProcessDaemon]:  # fmt: skip
-    """``lower``: (tier, LevelOptions) pairs below the cpu tier; ``access``: who may read what."""
+                     lower: list | None = None, access: Access | None = None) -> Iterator[InProcessDaemon]:  # fmt: skip
+    """``lower``: (tier, LevelOptions) pairs below the cpu tier; ``access``: the daemon's credentials
+    (None: no auth, every caller admin). No auth interceptor: a call with an unknown token is
+    refused by the servicer itself (UNAUTHENTICATED)."""
     cfg = StoreConfig(tiers=(TierConfig("cpu", cpu_bytes),), listen="127.0.0.1:0", workers=workers)
     store = WrappedStore(TieredStore([(CpuTier(cpu_bytes), LevelOptions()), *(lower or [])]))
     sessions = ShmSessions() if sessions is None else sessions

@@ -7,7 +7,8 @@ Errors are typed at this boundary, before any retry decision (as redis-py does):
 UNAVAILABLE becomes KVStoreUnavailable and DEADLINE_EXCEEDED KVStoreTimeout (both retried, so a
 call gives up within roughly ``retry.attempts x deadline_s``, never hangs); a refused request
 raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's message, a missing or
-wrong token AuthError (not retried; credentials: kvstore/server/auth.py ClientAuth); a lost
+wrong token AuthError, a key outside this credential's tenants PermissionDenied (neither retried;
+credentials: kvstore/server/auth.py ClientAuth, kvstore/server/credentials.py); a lost
 shared-memory session (ShmSessionLost) is re-attached and retried here.
 
 One read path per transport: ``read_batches`` (a Get, over shared memory, the raw TCP channel or
@@ -47,6 +48,7 @@ from kvstore.errors import (
     KVStoreError,
     KVStoreTimeout,
     KVStoreUnavailable,
+    PermissionDenied,
     ResourceExhausted,
     ShmSessionLost,
 )
@@ -66,6 +68,8 @@ def translate(e: grpc.RpcError) -> KVStoreError:
     code, msg = e.code(), e.details() or ""
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return AuthError(f"daemon refused the call: {msg}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(msg)
     if code == grpc.StatusCode.UNAVAILABLE:
         return KVStoreUnavailable(f"daemon unavailable: {msg}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

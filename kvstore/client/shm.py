@@ -17,7 +17,7 @@ The daemon checks what it is handed before mapping it (``ShmSegment.adopt``): a 
 peer credentials give, sealed against resizing, every page allocated.
 
 Zero-copy Gets: the daemon's cpu tier keeps its blocks in a memfd (tiers/cpu.py). A client the
-daemon lets read every block (kvstore/server/read_access.py) receives that memfd's read-only fd
+daemon lets read every block (an admin credential, kvstore/server/credentials.py) receives that memfd's read-only fd
 at attach and maps it (``ArenaMap``): a Get of a block held there is answered with its offset
 in the arena, pinned by a lease until the client has copied it out. The client can never write
 there (read-only fd, and the memfd is sealed against writable mappings), and it verifies every

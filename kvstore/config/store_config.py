@@ -64,6 +64,11 @@ class TierConfig:
     region: str = ""
     access_key_id: str = field(default="", repr=False)
     secret_access_key: str = field(default="", repr=False)
+    # secrets as files (kvstore/config/tier_secrets.py): read at start, never shown
+    password_file: str = ""  # redis: the server's password (AUTH), kept out of the url
+    access_key_id_file: str = ""  # s3: the keys, instead of access_key_id / secret_access_key
+    secret_access_key_file: str = ""
+    tls_ca: str = ""  # redis: CA of a rediss:// server's certificate; s3: CA bundle of an https endpoint
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -84,6 +89,9 @@ class TierConfig:
 
         if self.eviction.lower().replace("-", "").replace("_", "") not in EVICTION_POLICIES:
             raise ConfigError(f"{self.kind}: unknown eviction policy {self.eviction!r}")
+        from kvstore.config import tier_secrets
+
+        tier_secrets.validate_tier(self)
 
     def __repr__(self) -> str:
         """Fields that differ from their defaults; the URL's password masked, S3 keys left out."""
@@ -134,12 +142,15 @@ class StoreConfig:
     auth: bool = True  # require a bearer token on every gRPC call but health (kvstore/server/auth.py)
     token: str = field(default="", repr=False)  # TIERKV_TOKEN; "" = token_file
     token_file: str = ""  # "" = <runtime dir>/token, created 0600 when missing
+    credentials_file: str = ""  # YAML: tokens -> tenants, admin (kvstore/server/credentials.py); "" = the one token is admin
     tls_cert: str = ""  # PEM files: serve gRPC over TLS ...
     tls_key: str = ""
     tls_client_ca: str = ""  # ... and require client certificates signed by this CA (mutual TLS)
     min_block_bytes: int = 4 * 1024  # no KV page is smaller (16 tokens x 1 layer x K,V x 64 dims x fp16): a tier below it is refused
     stats_interval_s: float = 60.0  # log a one-line stats summary this often (0 = never)
     tenant_quota_bytes: int = 0  # bytes each tenant may hold in the top tier; over it, its own oldest spill (0 = off)
+    mac_secret_file: str = ""  # signs every block written to redis/s3; "" = <runtime dir>/mac_secret, created 0600
+    mac_previous_secret_files: str = ""  # comma-separated: earlier secrets, still accepted, never signing (rotation)
 
     def __post_init__(self) -> None:
         if not self.tiers:

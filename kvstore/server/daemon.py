@@ -3,6 +3,8 @@
 A remote tier that is down at start does not stop the daemon: it starts degraded, with that tier
 detached, and attaches it once it answers (kvstore/store/breaker.py; health: kvstore/server/health.py).
 
+SIGHUP reloads the credentials file (kvstore/server/credentials.py), if there is one.
+
 Shutdown order on SIGTERM/SIGINT matters: mark health NOT_SERVING (load balancers stop
 routing), stop accepting new calls while in-flight ones get ``grace_s`` to finish, then
 ``store.close()`` waits for queued spills to land on disk before tiers are closed — a block
@@ -63,7 +65,7 @@ class Daemon:
         self.metrics.routes.update(self.dashboard.routes())
         self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
         try:
-            token, creds = auth.server_token(cfg), auth.server_credentials(cfg)
+            self.access, creds = auth.server_access(cfg), auth.server_credentials(cfg)
         except BaseException:
             self.store.close(flush=False)
             raise
@@ -72,16 +74,17 @@ class Daemon:
                                      max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes)
                         if cfg.stream and creds is None else None)  # fmt: skip
         self.health = DaemonHealth(self.store)  # SERVING even with a tier detached (see kvstore/server/health.py)
-        checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []
+        on = self.access.table is not None
+        checks = [auth.AuthInterceptor(self.access, self.metrics.auth_refused)] if on else []
         checks.append(MalformedRequests())  # inside the auth check: bytes that are no message -> INVALID_ARGUMENT
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
                                   interceptors=checks)
-        servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
+        servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams, access=self.access)
         self.dashboard.curves = LatestCurves()  # the last trace's curve on /dashboard
         servicer.on_trace_written = self.dashboard.curves.update
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        if token is None and not cfg.listen.startswith(("127.", "localhost:", "[::1]:")):
+        if not on and not cfg.listen.startswith(("127.", "localhost:", "[::1]:")):
             log.warning("--no-auth on %s: any caller that reaches this port reads and writes the cache", cfg.listen)
         if creds is None:
             self.port = self.server.add_insecure_port(cfg.listen)
@@ -135,6 +138,20 @@ class Daemon:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.stats_log.start()
 
+    def reload_credentials(self) -> bool:
+        """Read the credentials file again (SIGHUP) and switch to it whole; a bad file is logged
+        and the credentials in force stay. Raw-channel connections follow at their next request."""
+        if not self.cfg.credentials_file or self.access.table is None:
+            log.warning("SIGHUP: no credentials file to reload")
+            return False
+        try:
+            table = self.access.reload(self.cfg.credentials_file)
+        except ConfigError as e:
+            log.error("credentials not reloaded, the previous ones stay: %s", e)
+            return False
+        log.info("credentials reloaded: %d credentials, tenants %s", len(table), ", ".join(table.tenants) or "none")
+        return True
+
     def stop(self) -> None:
         if self._stopped.is_set():
             return
@@ -162,12 +179,16 @@ def serve(cfg: StoreConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda signum, frame: reload.set())
     daemon.start()
     host = cfg.metrics_listen.rpartition(":")[0] if cfg.metrics_listen else "127.0.0.1"
     extra = f" metrics {host}:{daemon.metrics_port}" if daemon.metrics_port else ""
     print(f"kvstore listening on {daemon.address}{extra}", flush=True)
     while not stop.wait(1.0):
-        pass
+        if reload.is_set():  # read here, not in the handler: a file read is no work for a signal handler
+            reload.clear()
+            daemon.reload_credentials()
     daemon.stop()
     print("kvstore stopped", flush=True)
     sys.stdout.flush()

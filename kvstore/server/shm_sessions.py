@@ -7,9 +7,10 @@ beyond a count, and drops a session as soon as its client's unix connection clos
 any PID namespace. Nothing here looks at process ids.
 
 Attaching takes two steps. ``ticket`` (from the authenticated AttachShm call) checks the bound
-and records who asked and whether that caller may read the arena in place; ``bind`` (on the unix
-socket, with the segment's fd) spends the ticket and maps the segment. A session belongs to the
-caller that attached it: ``use``, ``release`` and ``detach`` by anyone else see no such session.
+and records which credential asked (``Caller.credential``, kvstore/server/credentials.py) and
+whether it may read the arena in place; ``bind`` (on the unix socket, with the segment's fd) spends
+the ticket and maps the segment. A session belongs to the credential that attached it: ``use``,
+``release`` and ``detach`` with any other credential see no such session.
 
 A call that is using a dropped session keeps its mapping until it returns, and sees the session
 ``lost`` before each write, so it fails with ShmSessionLost (the client attaches again and
@@ -31,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -50,7 +51,7 @@ class Session:
     dropped session stays mapped until the last of them is done, and each of them sees ``lost``."""
 
     seg: ShmSegment
-    owner: Hashable = None  # the caller that attached it: only it may use the session
+    owner: bytes = b""  # the credential that attached it (Caller.credential): only it may use the session
     arena: bool = False  # its Gets may be answered in place from the cpu arena
     conn: socket.socket | None = None  # the client's unix connection: its closing ends the session
     users: int = 0
@@ -67,7 +68,7 @@ class Session:
 
 class _Ticket(NamedTuple):
     size: int
-    owner: Hashable
+    owner: bytes
     arena: bool
     until: float  # monotonic
 
@@ -108,7 +109,7 @@ class ShmSessions:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def ticket(self, size: int, owner: Hashable = None, arena: bool = False) -> bytes:
+    def ticket(self, size: int, owner: bytes = b"", arena: bool = False) -> bytes:
         """A single-use ticket for ``bind``: ValueError for a size no segment has,
         ResourceExhausted when a segment of ``size`` would take the daemon past ``max_bytes``."""
         if not HEADER_BYTES < size <= self.max_bytes:
@@ -134,7 +135,7 @@ class ShmSessions:
             raise ValueError(f"segment of {size} bytes, but AttachShm announced {t.size}")
         return self.attach(fd, size, uid, t.owner, t.arena, conn), t.arena
 
-    def attach(self, fd: int, size: int, uid: int, owner: Hashable = None, arena: bool = False,
+    def attach(self, fd: int, size: int, uid: int, owner: bytes = b"", arena: bool = False,
                conn: socket.socket | None = None) -> str:  # fmt: skip
         """Map the segment ``fd`` (the caller's to close; checked by ``ShmSegment.adopt``); the
         session id. ResourceExhausted if it would take the daemon past ``max_bytes``."""
@@ -160,9 +161,9 @@ class ShmSessions:
                                     f"bytes mapped; {size} more asked)")  # fmt: skip
 
     @contextmanager
-    def use(self, sid: str, owner: Hashable = None) -> Iterator[Session]:
+    def use(self, sid: str, owner: bytes = b"") -> Iterator[Session]:
         """The session for the duration of one call; ShmSessionLost if the daemon has none (or it
-        is another caller's)."""
+        is another credential's)."""
         with self._lock:
             sess = self._sessions.get(sid)
             if sess is None or sess.owner != owner:
@@ -190,7 +191,7 @@ class ShmSessions:
                 sess.leases.popitem(last=False)
         return lease_id
 
-    def release(self, sid: str, leases: Iterable[int], owner: Hashable = None) -> int:
+    def release(self, sid: str, leases: Iterable[int], owner: bytes = b"") -> int:
         """End leases of a session (unknown ones are ignored); how many ended."""
         with self._lock:
             sess = self._sessions.get(sid)
@@ -203,7 +204,7 @@ class ShmSessions:
         with self._lock:
             return sum(len(s.leases) for s in self._sessions.values())
 
-    def detach(self, sid: str, owner: Hashable = None, any_owner: bool = False) -> None:
+    def detach(self, sid: str, owner: bytes = b"", any_owner: bool = False) -> None:
         """Drop a session (``any_owner``: whoever attached it: the listener, when its connection closed)."""
         with self._lock:
             sess = self._sessions.get(sid)

@@ -9,7 +9,6 @@ node-local daemon address, probes and grace periods.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,8 +63,8 @@ def test_k8s_daemonset() -> None:
     spec = ds["spec"]["template"]["spec"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     (c,) = spec["containers"]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["grpc"]["port"] == 50051, probe
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # exec: kubelet's gRPC probe has no TLS
+        assert c[probe]["exec"]["command"][:4] == ["kvstore", "health", "--address", "localhost:50051"], probe
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
     vols = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -76,15 +75,25 @@ def test_k8s_daemonset() -> None:
     assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
 
 
+def _node_local_daemon(address: str) -> None:
+    """``address`` is a Service that routes to the daemon pods of the caller's own node only."""
+    host, _, port = address.rpartition(":")
+    (svc,) = manifests("Service", host)
+    (ds,) = manifests("DaemonSet")
+    assert svc["spec"]["internalTrafficPolicy"] == "Local", "an engine must reach its own node's daemon"
+    assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    (grpc_port,) = [p for p in svc["spec"]["ports"] if p["port"] == int(port)]
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert grpc_port["targetPort"] in {p["name"] for p in c["ports"] if p["containerPort"] == 50051}
+
+
 def test_k8s_engine_finds_node_local_daemon() -> None:
     (dep,) = manifests("Deployment", "tierkv-engine")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e for e in c["env"]}
-    var = re.search(r"\$\((\w+)\):50051", " ".join(c["command"])).group(1)
-    assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    _node_local_daemon(c["command"][c["command"].index("--kvstore") + 1])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health", probe
-    (svc,) = manifests("Service")
+    (svc,) = manifests("Service", "tierkv-engine")
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     kust = K8S["kustomization.yaml"][0]
     assert set(kust["resources"]) == set(K8S) - {"kustomization.yaml"}
@@ -94,11 +103,15 @@ def test_k8s_engine_finds_node_local_daemon() -> None:
 def test_k8s_commands_accepted_by_our_cli(kind: str, tmp_path: Path) -> None:
     (obj,) = manifests(kind, {"DaemonSet": None, "Deployment": "tierkv-engine"}[kind])
     (c,) = obj["spec"]["template"]["spec"]["containers"]
-    argv = [a.replace("$(NODE_IP)", "10.0.0.1") for a in c["command"]]
+    argv = [a.replace("$(POD_IP)", "10.0.0.2") for a in c["command"]]
     cfg = yaml.safe_load(manifests("ConfigMap")[0]["data"]["kvstore.yaml"])
     cfg_path = tmp_path / "kvstore.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    argv = [str(cfg_path) if a == "/etc/tierkv/kvstore.yaml" else a for a in argv]
+    argv = [str(cfg_path) if a == "/etc/tierkv/config/kvstore.yaml" else a for a in argv]
+    for i, a in enumerate(argv):  # TLS files are checked for readability: stand-ins for the Secret's
+        if a.startswith("/etc/tierkv/tls/"):
+            (tmp_path / Path(a).name).write_text("stand-in")
+            argv[i] = str(tmp_path / Path(a).name)
     res = check_config(argv, {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
     assert res.returncode == 0, f"{kind}: {' '.join(argv)} rejected:\n{res.stderr[-2000:]}"
 
@@ -131,11 +144,14 @@ def test_k8s_vllm_finds_node_local_daemon() -> None:
     (dep,) = manifests("Deployment", "tierkv-vllm")
     spec = dep["spec"]["template"]["spec"]
     (c,) = spec["containers"]
-    env = {e["name"]: e for e in c["env"]}
-    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
-    _check_vllm_connector(_vllm_transfer_config(c["command"]), "$(NODE_IP):50051")
+    cfg = _vllm_transfer_config(c["command"])
+    _check_vllm_connector(cfg, "tierkv-kvstore:50051")
+    _node_local_daemon(cfg["kv_connector_extra_config"]["kvstore"])
     vols = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert vols[mounts["/run/tierkv"]]["secret"]["secretName"] == "tierkv-auth"
+    sources = {s["secret"]["name"]: s["secret"]["items"] for s in vols[mounts["/run/tierkv"]]["projected"]["sources"]}
+    assert sources["tierkv-auth"] == [{"key": "token", "path": "token"}]
+    assert sources["tierkv-kvstore-tls"] == [{"key": "ca.crt", "path": "ca.crt"}]  # the CA, not the daemon's key
+    assert cfg["kv_connector_extra_config"]["tls_ca"] == "/run/tierkv/ca.crt"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health", probe
