@@ -220,12 +220,17 @@ class KVStoreClient:
 
     def _with_shm(self, rpc: Callable[[Handle | None], T]) -> T:
         """Run ``rpc`` on a borrowed segment. It goes back to the pool only after a call that
-        completed: after any error the daemon may still be using it, so it is abandoned."""
+        completed, or that the daemon refused by its keys (PERMISSION_DENIED: it checks every key
+        before it touches the session): after any other error the daemon may still be using it,
+        so it is abandoned."""
         handle = _typed(self._shm.acquire)
         if handle is None:
             return rpc(None)
         try:
             out = _typed(lambda: rpc(handle))
+        except PermissionDenied:
+            self._shm.release(handle)
+            raise
         except BaseException as e:
             self._shm.abandon(handle, stale=isinstance(e, ShmSessionLost))
             raise

@@ -97,7 +97,8 @@ def test_a_tenant_is_never_handed_the_arena_nor_another_tenants_block(daemon: Da
                 get_shm(alpha, ALPHA, sid, keys)
             assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED
             with pytest.raises(PermissionDenied):
-                fetch(alpha, keys)  # (the client drops a segment after any failed call: a new one each time)
+                fetch(alpha, keys)
+            assert session_of(alpha)[1] == sid  # a refusal costs the client no new segment
         assert alpha.lookup([ka], in_place=True).in_place is None  # no arena offsets either
 
         seg = ShmSegment.create(SIZE)  # on the socket itself: no arena fd, however it asks
