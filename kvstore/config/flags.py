@@ -89,6 +89,8 @@ OPTIONS: tuple[Option, ...] = (
     _scalar("--metrics-listen", "metrics_listen", "serve Prometheus /metrics on HOST:PORT (e.g. 0.0.0.0:9400)",
             "off"),
     _scalar("--shm-max-bytes", "shm_max_bytes", "shared memory all clients may map", "4Gi"),
+    _scalar("--shm-socket", "shm_socket", "unix socket same-host clients hand their shared-memory segments over "
+            "on (clients must see it at the same path)", "<runtime dir>/shm-<port>.sock"),
     _scalar("--stats-interval", "stats_interval_s", "log a one-line stats summary every N seconds (0 = off)", "60"),
     _scalar("--tenant-quota", "tenant_quota_bytes", "bytes each tenant may hold in the top tier, e.g. 512Mi; a "
             "tenant over it has its own oldest blocks spilled down (0 = no quota)", "0"),
@@ -119,9 +121,9 @@ CONFIG_ENV = "TIERKV_CONFIG"
 _METAVARS = {"--cpu": "SIZE", "--disk": "PATH[:SIZE]", "--s3": "URL", "--s3-endpoint": "URL", "--s3-capacity": "SIZE",
              "--s3-admit-hits": "N", "--redis": "URL", "--redis-capacity": "SIZE", "--eviction": "POLICY",
              "--listen": "HOST:PORT", "--metrics-port": "PORT", "--metrics-listen": "HOST:PORT",
-             "--shm-max-bytes": "SIZE", "--stats-interval": "SECONDS", "--tenant-quota": "SIZE", "--stream-port": "PORT",
-             "--token-file": "FILE", "--credentials-file": "FILE", "--tls-cert": "FILE", "--tls-key": "FILE",
-             "--tls-client-ca": "FILE", "--redis-password-file": "FILE", "--redis-tls-ca": "FILE",
+             "--shm-max-bytes": "SIZE", "--shm-socket": "PATH", "--stats-interval": "SECONDS", "--tenant-quota": "SIZE",
+             "--stream-port": "PORT", "--token-file": "FILE", "--credentials-file": "FILE", "--tls-cert": "FILE",
+             "--tls-key": "FILE", "--tls-client-ca": "FILE", "--redis-password-file": "FILE", "--redis-tls-ca": "FILE",
              "--s3-access-key-id-file": "FILE", "--s3-secret-access-key-file": "FILE", "--s3-tls-ca": "FILE",
              "--mac-secret-file": "FILE", "--mac-previous-secret-files": "FILES"}
 

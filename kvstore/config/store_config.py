@@ -135,6 +135,7 @@ class StoreConfig:
     shm_arena: bool = True  # ... and let clients map the cpu tier read-only: its Gets then copy nothing here
     grace_s: float = 30.0  # SIGTERM: time to finish in-flight calls and spills
     shm_max_bytes: int = 4 * 1024**3  # shared memory all clients' segments may map; past it clients stream
+    shm_socket: str = ""  # unix socket clients hand their segments over on ("" = <runtime dir>/shm-<port>.sock)
     stream: bool = True  # serve Gets without shared memory on a raw TCP side channel (kvstore/server/stream_server.py)
     stream_port: int = 0  # the side channel's port (0 = any free one; fix it to publish it from a container)
     stream_max_conns: int = 16  # side-channel connections (and unused tokens) at once; past it: gRPC streaming
@@ -181,6 +182,8 @@ class StoreConfig:
             raise ConfigError(f"stream_max_conns must be >= 1, got {self.stream_max_conns}")
         if self.shm_max_bytes <= 0:
             raise ConfigError(f"shm_max_bytes must be > 0, got {self.shm_max_bytes}")
+        if self.shm_socket and not self.shm_socket.startswith("/"):
+            raise ConfigError(f"shm_socket must be an absolute path, got {self.shm_socket!r}")
         if self.chunk_bytes + 64 * 1024 > self.max_message_bytes:
             raise ConfigError("chunk_bytes must leave room under max_message_bytes")
         if self.max_block_bytes > self.max_batch_bytes or self.workers < 1 or self.spill_queue_bytes <= 0:

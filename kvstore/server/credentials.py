@@ -17,7 +17,7 @@ bearer token (kvstore/server/auth.py) is a single admin credential, as before.
 
 ``Caller`` is what one call may do. ``Caller.may_read(key)`` / ``may_write(key)`` is the one
 rule, applied by every path that names keys (gRPC Lookup/Get/GetShm/Put/Delete, the raw Get
-channel; kvstore/server/servicer.py, stream_server.py):
+channel, shared memory; kvstore/server/servicer.py, stream_server.py):
 
 - a key tagged with a tenant (kvstore/keys.py, ``tag = tenant_tag(name)``): only credentials listing
   that tenant (and admin);
@@ -28,13 +28,20 @@ The tenant of a key is ``tenant_of`` (kvstore/store/tenants.py), the same functi
 bytes, so what a credential may write is exactly what is charged to its tenants: its quota holds
 whatever salts its requests use. Tags of configured tenants must differ (a config where two collide
 is refused), so no credential's keys are another tenant's.
+
+Shared memory asks the same ``Caller``. The cpu tier's arena holds every tenant's blocks, each with
+its key in its header, so only a caller that may read every key (``Caller.sees_all``: admin, or the
+one credential of a daemon without a credentials file) is handed the arena's fd and answered in
+place; a tenant's shared-memory Gets are checked like any Get and copied into its own segment. A
+session belongs to the credential that attached it (``Caller.credential``, its token's digest): a
+call made with another token finds no such session, whatever tenants the two share.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +60,22 @@ class Caller:
     label: str  # how messages and logs name the credential ("admin", "credentials[2]"); never the token
     admin: bool = False
     tenants: tuple[str, ...] = ()  # configured tenant names
+    # which credential this is: its token's SHA-256 (set by CredentialTable; b"" for the one caller of
+    # a daemon without auth). What shared-memory sessions are bound to; never compared as a permission
+    credential: bytes = field(default=b"", repr=False, compare=False)
     names: frozenset[str] = field(init=False, repr=False)  # their ``tenant_of`` names
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", frozenset(name_of_tenant(t) for t in self.tenants))
 
+    @property
+    def sees_all(self) -> bool:
+        """May this caller read every key? Only such a caller maps the cpu arena (every tenant's blocks)."""
+        return self.admin
+
     def may_read(self, key: bytes) -> bool:
         """May this caller look up or read ``key``?"""
-        return self.admin or (t := tenant_of(key)) in self.names or t == SHARED
+        return self.sees_all or (t := tenant_of(key)) in self.names or t == SHARED
 
     def may_write(self, key: bytes) -> bool:
         """May this caller store or delete ``key``?"""
@@ -110,7 +125,7 @@ class CredentialTable:
             d = _digest(token)
             if d in self._by_digest:
                 raise ConfigError(f"{source}: {caller.label} has the same token as {self._by_digest[d].label}")
-            self._by_digest[d] = caller
+            self._by_digest[d] = replace(caller, credential=d)
         if not self._by_digest:
             raise ConfigError(f"{source}: no credentials")
         tenants = sorted({t for c in self._by_digest.values() for t in c.tenants})

@@ -32,6 +32,7 @@ from kvstore.server.health import DaemonHealth
 from kvstore.server.malformed_requests import MalformedRequests
 from kvstore.server.metrics import StoreMetrics
 from kvstore.server.servicer import KVStoreServicer
+from kvstore.server.shm_listener import ShmListener
 from kvstore.server.shm_sessions import ShmSessions
 from kvstore.server.stream_server import StreamServer
 from kvstore.store.tier_factory import build_store
@@ -94,9 +95,28 @@ class Daemon:
                 self.streams.close()
             self.store.close(flush=False)
             raise ConfigError(f"cannot listen on {cfg.listen}")
+        self.shm_listener = self._shm_listener(cfg, servicer)
         self.metrics_port = 0
         self.stats_log = StatsLogger(self.store.stats, cfg.stats_interval_s)
         self._stopped = threading.Event()
+
+    def _shm_listener(self, cfg: StoreConfig, servicer: KVStoreServicer) -> ShmListener | None:
+        """The unix socket clients hand their segments over on (kvstore/server/shm_listener.py).
+        One configured that cannot be had stops the daemon; the default one only turns shared
+        memory off (logged: clients stream)."""
+        if not cfg.shm:
+            return None
+        path = cfg.shm_socket or str(auth.runtime_dir() / f"shm-{self.port}.sock")
+        try:
+            return ShmListener(self.sessions, path, servicer.arena_share)
+        except ConfigError as e:
+            if cfg.shm_socket:
+                if self.streams is not None:
+                    self.streams.close()
+                self.store.close(flush=False)
+                raise
+            log.warning("%s: shared memory off, clients stream", e)
+            return None
 
     @property
     def address(self) -> str:
@@ -106,7 +126,9 @@ class Daemon:
         self.server.start()
         if self.streams is not None:
             self.streams.start()
-        self.sessions.start()  # reclaims the segments of clients that exited
+        self.sessions.start()  # expires leases
+        if self.shm_listener is not None:
+            self.shm_listener.start()  # ... and this drops the session of a client whose connection closed
         if self.cfg.metrics_listen:
             host, _, port = self.cfg.metrics_listen.rpartition(":")
             self.metrics_port = self.metrics.serve(int(port), addr=host.strip("[]"))
@@ -140,6 +162,8 @@ class Daemon:
         if self.streams is not None:
             self.streams.close()
         self.store.close(flush=True)  # in-flight spills land before tiers close
+        if self.shm_listener is not None:
+            self.shm_listener.close()
         self.sessions.close()
         self.metrics.close()
 

@@ -7,22 +7,24 @@ the bytes, and only a commit stores anything — after *every* block in the batc
 checked (complete, decodable, checksum, key, dtype/shape). A bad block fails the whole call
 with a clear status and nothing stored.
 
-A shared-memory Get from a client that mapped the cpu tier's arena (AttachShm told it how) is
-answered in place: for a block in that arena the answer is its offset there, and the view that
-pins it goes into a lease of the session until the client releases it (kvstore/server/shm_sessions.py).
-The daemon copies nothing; the client copies each block out and verifies its copy. Blocks from
-anywhere else (lower tiers, the spill queue, heap copies) are copied into the segment as before.
+A shared-memory Get from a client that mapped the cpu tier's arena (its fd came with the
+session, kvstore/server/shm_listener.py) is answered in place: for a block in that arena the
+answer is its offset there, and the view that pins it goes into a lease of the session until the
+client releases it (kvstore/server/shm_sessions.py). The daemon copies nothing; the client copies
+each block out and verifies its copy. Blocks from anywhere else (lower tiers, the spill queue,
+heap copies) are copied into the segment as before.
 
 Every call that names keys checks each of them against the caller's credential first
 (kvstore/server/credentials.py ``Caller.check``): one refused key fails the whole call with
-PERMISSION_DENIED and nothing read, stored or deleted. Stats shows a tenant's credential its own
-tenants' rows only; traces are an admin's.
+PERMISSION_DENIED and nothing read, stored or deleted; a shared-memory Get is such a call too.
+Stats shows a tenant's credential its own tenants' rows only; traces are an admin's. Only a caller
+that may read every key (``Caller.sees_all``) is given the cpu arena or answered in place; a
+session serves only calls made with the credential that attached it (``Caller.credential``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
@@ -48,6 +50,7 @@ from kvstore.server.stream_server import MAX_KEYS, StreamServer
 from kvstore.store.tiered_store import TieredStore
 from tiers.base import Arena
 from tiers.errors import BlockTooLarge
+from tiers.memfd import ArenaShare
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         arena = store.arena() if config.shm and config.shm_arena else None
         share = arena.share() if arena is not None else None
         self.arena: Arena | None = arena if share is not None else None  # Gets answered in place
-        self._arena_info = pb.ArenaInfo(pid=os.getpid(), fd=share.fd, size=share.size, token=share.token) \
-            if share is not None else None
+        self.arena_share: ArenaShare | None = share  # what the shm listener hands a caller that sees all
         self.trace = TraceControl(store, default_cache_dir() / "traces")
         self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
@@ -105,11 +107,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         def go() -> pb.LookupResponse:
             keys = list(request.keys)
             _check_keys(keys)
-            self._caller(context).check(keys)
+            caller = self._caller(context)
+            caller.check(keys)
             res = self.store.lookup(keys, read=not request.write_check)
             resp = pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
                                      evicted_from=[t or "" for t in res.evicted_from])
-            share = self.arena.share() if self.arena is not None and request.in_place else None
+            share = self.arena.share() if self.arena is not None and request.in_place and caller.sees_all else None
             if share is not None and not request.write_check:
                 spans = self.store.read_in_place(keys[: res.prefix_len], self.arena.locate)  # type: ignore[union-attr]
                 resp.arena_offsets.extend(s[0] if s else 0 for s in spans)
@@ -150,20 +153,32 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
 
     def AttachShm(self, request: pb.AttachShmRequest, context: grpc.ServicerContext) -> pb.AttachShmResponse:
+        """A ticket the client spends on the daemon's unix socket, handing over its segment's fd
+        (kvstore/server/shm_listener.py). The session it opens belongs to this call's credential;
+        the arena goes with it only to a caller that may read every key."""
         if not self.cfg.shm:
             return pb.AttachShmResponse(ok=False, reason="shared memory disabled on this daemon")
+        if not self.sessions.socket_path:
+            return pb.AttachShmResponse(ok=False, reason="this daemon has no shared-memory socket")
+        if not request.by_fd:  # a client from before would take ok for a session it never got
+            return pb.AttachShmResponse(ok=False, reason="this daemon takes segments as fds over its unix socket "
+                                        "only: update the client (it streams meanwhile)")
+        caller: Caller = self._run(context, lambda: self._caller(context))
+        arena = request.arena and self.arena is not None and caller.sees_all
         try:
-            sid = self.sessions.attach(request.name, request.size, request.token, request.pid)
-        except (OSError, ValueError, ResourceExhausted) as e:  # another host, not its segment, or full
+            ticket = self.sessions.ticket(request.size, caller.credential, arena)
+        except (ValueError, ResourceExhausted) as e:  # a size no segment has, or the bound is reached
             return pb.AttachShmResponse(ok=False, reason=str(e))
-        return pb.AttachShmResponse(ok=True, session=sid, arena=self._arena_info)
+        return pb.AttachShmResponse(ok=True, ticket=ticket, socket=self.sessions.socket_path)
 
     def DetachShm(self, request: pb.DetachShmRequest, context: grpc.ServicerContext) -> pb.DetachShmResponse:
-        self.sessions.detach(request.session)
+        caller: Caller = self._run(context, lambda: self._caller(context))
+        self.sessions.detach(request.session, caller.credential)
         return pb.DetachShmResponse()
 
     def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.ServicerContext) -> pb.ReleaseLeaseResponse:
-        self.sessions.release(request.session, request.leases)
+        caller: Caller = self._run(context, lambda: self._caller(context))
+        self.sessions.release(request.session, request.leases, caller.credential)
         return pb.ReleaseLeaseResponse()
 
     def OpenStream(self, request: pb.OpenStreamRequest, context: grpc.ServicerContext) -> pb.OpenStreamResponse:
@@ -237,7 +252,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if commit is None:
             raise _Abort(grpc.StatusCode.ABORTED, "Put stream ended without commit: nothing stored")
         if commit.shm:
-            self._copy_out(first.begin.shm_session, commit.shm, specs, held, bufs, got)
+            self._copy_out(first.begin.shm_session, commit.shm, specs, held, bufs, got, caller)
         for i, s in enumerate(specs):
             if got[i] != s.size:
                 raise _Abort(bad, f"block {i}: received {got[i]} of {s.size} bytes")
@@ -253,10 +268,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.PutResponse(status=status)
 
     def _copy_out(self, sid: str, refs: list[pb.ShmRef], specs: list[pb.BlockSpec], held: list[bool],
-                  bufs: list[bytearray | bytes | None], got: list[int]) -> None:  # fmt: skip
+                  bufs: list[bytearray | bytes | None], got: list[int], caller: Caller) -> None:  # fmt: skip
         """Copy each block out of the client's segment first: the client can still write there,
         so what is validated and stored must be our own copy, never the shared bytes."""
-        with self.sessions.use(sid) as sess:
+        with self.sessions.use(sid, caller.credential) as sess:
             seg = sess.seg
             for ref in refs:
                 if ref.index >= len(specs) or ref.length != specs[ref.index].size:
@@ -288,9 +303,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     # -- Get (server-streamed) -----------------------------------------------------------
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> Iterator[pb.GetResponse]:
         keys = list(request.keys)
-        self._run(context, lambda: (_check_keys(keys), self._caller(context).check(keys)))
+        caller: Caller = self._run(context, lambda: self._checked(keys, context))
         if request.shm_session:
-            yield self._run(context, lambda: self._get_shm(request, keys, context))
+            yield self._run(context, lambda: self._get_shm(request, keys, caller, context))
             return
         step = self.cfg.chunk_bytes
         for i, k in enumerate(keys):
@@ -307,23 +322,34 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def GetShm(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
         def go() -> pb.GetResponse:
             keys = list(request.keys)
-            _check_keys(keys)
-            self._caller(context).check(keys)
+            caller = self._checked(keys, context)
             if not request.shm_session:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "GetShm needs a shared-memory session")
-            return self._get_shm(request, keys, context)
+            return self._get_shm(request, keys, caller, context)
 
         return self._run(context, go)
 
-    def _get_shm(self, request: pb.GetRequest, keys: list[bytes], context: grpc.ServicerContext) -> pb.GetResponse:
-        with self.sessions.use(request.shm_session) as sess:
+    def _checked(self, keys: list[bytes], context: grpc.ServicerContext) -> Caller:
+        """The caller of a read of ``keys``, once the keys are well-formed and it may read each."""
+        _check_keys(keys)
+        caller = self._caller(context)
+        caller.check(keys)
+        return caller
+
+    def _get_shm(self, request: pb.GetRequest, keys: list[bytes], caller: Caller,
+                 context: grpc.ServicerContext) -> pb.GetResponse:  # fmt: skip
+        """``keys`` are ones ``caller`` may read (``_checked``), into the session it attached."""
+        with self.sessions.use(request.shm_session, caller.credential) as sess:
             try:
                 sess.seg.check_range(request.shm_offset, request.shm_length)
             except ValueError as e:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             pins: list[memoryview] = []
+            # in place only for a session given the arena, and a caller who still sees all (a reload
+            # may have narrowed its credential since)
+            arena = self.arena if request.arena and sess.arena and caller.sees_all else None
             blocks = self._write_blocks(sess, keys, request.shm_offset, request.shm_offset + request.shm_length,
-                                        context, self.arena if request.arena else None, pins)
+                                        context, arena, pins)
             if pins and not context.is_active():  # the client gave up: nobody reads these in place
                 raise _Abort(grpc.StatusCode.CANCELLED, "the client gave up on this call")
             return pb.GetResponse(shm=blocks, lease=self.sessions.lease(sess, pins) if pins else 0)
