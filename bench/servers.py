@@ -391,15 +391,25 @@ def spawn_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None 
 
     The daemon prints ``kvstore listening on HOST:PORT`` once it serves; we read that line rather than
     guess a port, so several daemons can start at once without racing for one. Each uses the token
-    file a client of this process finds by default (kvstore/server/auth.py), so callers pass no token.
+    file a client of this process finds by default (kvstore/server/auth.py), so callers pass no token,
+    unless it is given its own token or a credentials file (kvstore/server/credentials.py).
     stderr goes to ``log_path`` (appended) or is discarded. Raises RuntimeError if it does not come up."""
     from kvstore.server.auth import default_token_file
 
     argv = [sys.executable, "-m", "kvstore", "serve", "--listen", listen, *flags]
     full_env = dict(os.environ, TIERKV_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1", **(env or {}))
-    if not {"TIERKV_TOKEN", "TIERKV_TOKEN_FILE"} & set(full_env) and "--token-file" not in flags:
+    own = {"TIERKV_TOKEN", "TIERKV_TOKEN_FILE", "TIERKV_CREDENTIALS_FILE"} & set(full_env)
+    if not own and "--token-file" not in flags and "--credentials-file" not in flags:
         # the token where a client of *this* process looks by default (not under cache_dir)
         full_env["TIERKV_TOKEN_FILE"] = str(default_token_file())
+    if "TIERKV_MAC_SECRET_FILE" not in full_env and "--mac-secret-file" not in flags:
+        # one MAC secret for every daemon started here, so daemons sharing a Redis or S3 tier accept
+        # each other's blocks (as one cluster's do); the file of this process's default, created now
+        from kvstore.config.tier_secrets import default_mac_secret_file
+        from kvstore.server.auth import ensure_token_file
+
+        ensure_token_file(mac_file := default_mac_secret_file())
+        full_env["TIERKV_MAC_SECRET_FILE"] = str(mac_file)
     err = open(log_path, "a") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)

@@ -23,6 +23,7 @@ from engine.forward_batch import ForwardBatch
 from engine.hooks import EngineView
 from kvstore.block import encode_block
 from kvstore.client.client import KVStoreClient
+from kvstore.keys import key_prefix
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,16 @@ def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = T
 
 
 def probe_daemon(client: KVStoreClient, loader: Loader, view: EngineView, n_blocks: int = 16,
-                 deadline_s: float = 5.0) -> tuple[str, float, float] | None:
-    """Latency and bandwidth of a load from the daemon's first tier: (tier, latency s, bytes/s)."""
+                 deadline_s: float = 5.0, tenant: str = "") -> tuple[str, float, float] | None:
+    """Latency and bandwidth of a load from the daemon's first tier: (tier, latency s, bytes/s).
+    ``tenant``: write the scratch blocks in that tenant's namespace (one the engine's credential
+    lists; "" = untagged keys, which a tenant's credential may not write)."""
     pool = view.pool
     rng = np.random.default_rng()
-    keys = [b"tierkv-probe-" + rng.bytes(8) for _ in range(n_blocks)]
+    if tenant:
+        keys = [key_prefix(tenant) + rng.bytes(16) for _ in range(n_blocks)]
+    else:
+        keys = [b"tierkv-probe-" + rng.bytes(8) for _ in range(n_blocks)]
     shape = pool.block_shape()
     block = torch.zeros(shape, dtype=pool.dtype)
     arr, dtype = to_block_array(block)

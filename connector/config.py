@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.env import EnvDeclaration
+from kvstore.keys import check_tenant_name
 
 LOAD_MODES = ("auto", "always", "never")
 CALIBRATION_ENV = "TIERKV_CONNECTOR_CALIBRATION"  # part of the prefill model's cache key (connector/calibrate.py)
@@ -32,6 +33,8 @@ class ConnectorConfig:
     prefill_learn: bool = True  # correct the prefill model online from the engine's timed steps
     probe: bool = True  # measure the daemon's latency/bandwidth at start-up
     use_shm: bool | None = None  # None = shared memory if the daemon allows it
+    probe_tenant: str = ""  # the start-up probe's scratch blocks go in this tenant's namespace (kvengine: its
+    # --tenant or an API key's tenant); "" = untagged keys, which a tenant's daemon credential may not write
 
     def __post_init__(self) -> None:
         host, _, port = self.address.rpartition(":")
@@ -48,6 +51,8 @@ class ConnectorConfig:
             raise ValueError("sizes must be > 0")
         if not self.calibrate and not any(self.prefill_coeffs):
             raise ValueError("calibrate=False needs prefill_coeffs")
+        if self.probe_tenant:
+            check_tenant_name(self.probe_tenant, "probe_tenant")
 
     @staticmethod
     def from_env(address: str, **overrides: object) -> ConnectorConfig:

@@ -34,7 +34,7 @@ from engine.radix_cache import EvictedNode
 from engine.request import Request
 from kvstore.client.client import KVStoreClient
 from kvstore.client.retry import Retry
-from kvstore.errors import KVStoreError
+from kvstore.errors import KVStoreError, PermissionDenied
 from kvstore.keys import BlockKey
 from kvstore.store.results import InPlace
 
@@ -95,7 +95,7 @@ class KVConnector:
         from connector.calibrate import probe_daemon
 
         try:
-            res = probe_daemon(self._load_client, self.loader, self.view)
+            res = probe_daemon(self._load_client, self.loader, self.view, tenant=self.cfg.probe_tenant)
         except KVStoreError as e:
             log.warning("kvstore daemon probe failed (%s); using default tier seeds", e)
             return
@@ -143,7 +143,10 @@ class KVConnector:
         except KVStoreError as e:
             self.metrics.lookups.labels("error").inc()
             st.view = UNAVAILABLE
-            self._mark_down(str(e))
+            if isinstance(e, PermissionDenied):  # this request's tenant, not the daemon: the others go on
+                log.warning("%s: the daemon refused this request's keys (%s); recomputing", req.rid, e)
+            else:
+                self._mark_down(str(e))
             return None
         st.view = DaemonView(found.tiers, found.evicted_from)
         tiers = found.tiers[: found.prefix_len]

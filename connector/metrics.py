@@ -21,7 +21,7 @@ class ConnectorMetrics:
                                       buckets=_LAT, registry=r)
         self.load_failures = Counter("tierkv_connector_load_failures", "Loads cut short", ["reason"], registry=r)
         self.offload_blocks = Counter("tierkv_connector_offload_blocks", "Blocks handed to the offloader",
-                                      ["result"], registry=r)  # sent | skipped_known | skipped_held | dropped | failed
+                                      ["result"], registry=r)  # sent | skipped_known | skipped_held | dropped | failed | refused
         self.corrupt_deleted = Counter("tierkv_connector_corrupt_blocks_deleted",
                                        "Blocks a load found corrupt, deleted from the daemon", registry=r)
         self.offload_bytes = Counter("tierkv_connector_offload_bytes", "Bytes sent to the daemon", registry=r)

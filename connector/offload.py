@@ -6,6 +6,11 @@ pages can be freed at once; the "does the daemon already hold these?" lookup, th
 left (accelerator pools) and the Put happen here, off the critical path. When the staging budget is full new work
 is dropped (and counted) instead of blocking the engine. Failures are counted and dropped too:
 an offload is an optimisation, never a reason to fail a request.
+
+The shared namespace (declared shared prefixes) is written by admin credentials only
+(kvstore/server/credentials.py). When the daemon refuses a batch that holds shared pages, the
+offloader stops sending shared pages (counted ``refused``, logged once) and sends the rest again,
+so a tenant's credential still offloads its own pages.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from collections.abc import Sequence
 from connector.metrics import ConnectorMetrics
 from connector.staging import LAYOUT, StagedPages
 from kvstore.client.client import KVStoreClient
+from kvstore.errors import PermissionDenied
+from kvstore.store.tenants import SHARED, tenant_of
 
 log = logging.getLogger(__name__)
 __all__ = ["LAYOUT", "KnownKeys", "Offloader"]
@@ -63,6 +70,7 @@ class Offloader:
         self._busy = False
         self._cv = threading.Condition()
         self._stop = False
+        self._shared_refused = False  # the daemon refused our shared pages once: send none any more
         self._thread = threading.Thread(target=self._run, name="kv-offload", daemon=True)
         self._thread.start()
 
@@ -130,6 +138,13 @@ class Offloader:
                     self._busy = False
                     self._cv.notify_all()
 
+    def _own(self, keys: list[bytes], todo: list[int]) -> list[int]:
+        """``todo`` without the shared namespace's keys (counted refused)."""
+        own = [i for i in todo if tenant_of(keys[i]) != SHARED]
+        if len(own) < len(todo):
+            self.metrics.offload_blocks.labels("refused").inc(len(todo) - len(own))
+        return own
+
     def _send(self, batch: list[StagedPages]) -> None:
         keys = [k for s in batch for k in s.keys]
         held = self.client.lookup(keys, read=False).tiers  # do not send bytes the daemon already has
@@ -137,13 +152,26 @@ class Offloader:
         if len(todo) < len(keys):
             self.metrics.offload_blocks.labels("skipped_held").inc(len(keys) - len(todo))
             self.known.add([keys[i] for i, t in enumerate(held) if t is not None])
+        if self._shared_refused:
+            todo = self._own(keys, todo)
         if not todo:
             return
         items, first = [], 0
         for s in batch:
             items += s.encoded([i - first for i in todo if first <= i < first + len(s)])
             first += len(s)
-        self.client.put_many(items)
+        try:
+            self.client.put_many(items)
+        except PermissionDenied as e:
+            if self._shared_refused or len(own := self._own(keys, todo)) == len(todo):
+                raise
+            self._shared_refused = True
+            log.warning("the daemon refused shared-prefix pages (%s): only an admin credential writes the shared "
+                        "namespace; this engine offloads its tenants' pages only from now on", e)
+            keep = {keys[i] for i in own}
+            todo, items = own, [(k, v) for k, v in items if k in keep]
+            if items:
+                self.client.put_many(items)
         nbytes = sum(len(v) for _, v in items)
         self.known.add([keys[i] for i in todo])
         self.metrics.offload_blocks.labels("sent").inc(len(todo))

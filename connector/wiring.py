@@ -26,6 +26,7 @@ from connector.config import ConnectorConfig
 from connector.connector import KVConnector
 from connector.cost_model import PrefillModel
 from engine.hooks import LoadingHook
+from engine.tenancy import served_tenants
 from kvstore.client.client import KVStoreClient
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,14 @@ def install_hook(engine, hook: object) -> None:
 
 def attach_tierkv(engine, address: str | ConnectorConfig, prefill: PrefillModel | None = None,
                   **overrides: object) -> KVConnector:
-    """Connect ``engine`` to a kvstore daemon: admission hook, evict listener, /metrics."""
+    """Connect ``engine`` to a kvstore daemon: admission hook, evict listener, /metrics. The start-up
+    probe writes in a tenant the engine serves (its ``--tenant`` or an API key's), which the engine's
+    daemon credential lists, unless told otherwise."""
+    if not isinstance(address, ConnectorConfig):
+        cfg_e = getattr(engine, "cfg", None)
+        served = served_tenants(getattr(cfg_e, "tenant", ""), getattr(cfg_e, "api_keys_file", ""))
+        if served and "probe_tenant" not in overrides and "probe_tenant" not in CONNECTOR_ENV.overrides():
+            overrides["probe_tenant"] = served[0]
     cfg = address if isinstance(address, ConnectorConfig) else ConnectorConfig.from_env(address, **overrides)
     conn = KVConnector(engine.view, cfg, prefill=prefill)
     engine.evict_listeners.append(conn.on_evict)

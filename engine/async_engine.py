@@ -62,11 +62,15 @@ class AsyncEngine:
 
     # -- caller side ---------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise InvalidRequestError/PromptTooLongError before anything is queued."""
+        """Raise InvalidRequestError/PromptTooLongError before anything is queued. Costs time in the
+        prompt's length: the server runs it off the event loop, with the tokeniser."""
         from engine.errors import InvalidRequestError
+        from engine.limits import check_prompt_tokens, check_stop
 
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", "prompt")
+        check_prompt_tokens(self.engine.max_model_len, len(prompt_ids))  # before looking at each id
+        check_stop(self.engine.cfg, params.stop, params.stop_token_ids)
         vocab = self.engine.arch.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise InvalidRequestError(f"token ids must be in [0, {vocab})", "prompt")

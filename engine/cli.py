@@ -22,6 +22,12 @@ log = logging.getLogger("kvengine")
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 #: the plug-in ``serve`` attaches for `documents` / `blend_separator` requests (``--no-blend``: none)
 DOCUMENTS_PLUGIN = "cacheblend"
+#: the bounds on what one API client may ask (engine/limits.py), one integer flag each
+LIMIT_FLAGS = {"max_waiting": "API requests in flight beyond --max-num-seqs; past it: 429",
+               "max_stop_strings": "stop strings per request", "max_stop_chars": "characters of one stop string",
+               "max_stop_token_ids": "stop_token_ids per request",
+               "max_prompt_chars": "characters of a text prompt before tokenising (0 = 16 per token of context)",
+               "max_salt_bytes": "UTF-8 bytes of a cache_salt"}
 
 
 def _field_help(text: str, field: str, shown: object = None) -> str:
@@ -57,6 +63,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shared-prefix-file", default=None, metavar="FILE",
                    help=_field_help("YAML list of prompts ({text: ...} or {ids: [...]}) whose KV every tenant shares "
                                     "(docs/operations.md, Tenants)", "shared_prefix_file"))
+    p.add_argument("--tenant", default=None, metavar="NAME",
+                   help=_field_help("the one tenant of an engine without API keys: its requests' KV namespace; "
+                                    "cache_salt only sub-divides it (engine/tenancy.py)", "tenant"))
+    for field, text in LIMIT_FLAGS.items():
+        p.add_argument("--" + field.replace("_", "-"), type=int, default=None, help=_field_help(text, field))
     p.add_argument("--check-config", action="store_true", help="validate flags and environment, then exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -107,7 +118,8 @@ def _config(a: argparse.Namespace) -> EngineConfig:
         kv_memory=parse_size(a.kv_memory) if a.kv_memory else None, num_pages=a.num_pages,
         page_size=a.page_size, max_num_seqs=a.max_num_seqs, max_prefill_tokens=a.max_prefill_tokens,
         max_model_len=a.max_model_len, attention_backend=a.attention_backend, num_threads=a.num_threads,
-        kv_connector=a.kv_connector, shared_prefix_file=a.shared_prefix_file)
+        kv_connector=a.kv_connector, shared_prefix_file=a.shared_prefix_file, tenant=a.tenant,
+        api_keys_file=getattr(a, "api_keys_file", None), **{field: getattr(a, field) for field in LIMIT_FLAGS})
 
 
 def build_engine(cfg: EngineConfig, kvstore: str | None = None):
@@ -188,13 +200,15 @@ def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
 
     from engine.async_engine import AsyncEngine
     from engine.server import create_app
+    from engine.tenancy import ApiKeys
 
     engine = build_engine(cfg, a.kvstore)
     documents = None if a.no_blend else plugins.resolve(DOCUMENTS_PLUGIN)(engine)  # before AsyncEngine: collectors
     aengine = AsyncEngine(engine)
     aengine.start()
     name = a.served_model_name or cfg.served_model_name or engine.loaded.name
-    app = create_app(aengine, name, documents=documents)
+    api_keys = ApiKeys.load(cfg.api_keys_file) if cfg.api_keys_file else None
+    app = create_app(aengine, name, documents=documents, api_keys=api_keys, tenant=cfg.tenant)
     host, port = _serve_address(a)
     if a.metrics_listen:  # /metrics also on its own address (the API's port keeps serving it too)
         from prometheus_client import start_http_server
@@ -227,7 +241,15 @@ def _generate(a: argparse.Namespace, cfg: EngineConfig) -> int:
                                          tokenize=False)
         prompt = tok(prompt, add_special_tokens=False)["input_ids"]
     t0 = time.perf_counter()
-    req = engine.generate([prompt], params)[0]
+    if cfg.tenant:  # the engine's one tenant's namespace, as a served request's
+        from engine.tenancy import scoped_salt
+
+        rid = engine.add_request(prompt, params, cache_salt=scoped_salt(cfg.tenant, None))
+        req = engine.requests[rid]
+        while not req.finished:
+            engine.step()
+    else:
+        req = engine.generate([prompt], params)[0]
     dt = time.perf_counter() - t0
     print(req.text)
     log.info("%d tokens in %.2fs (%s)", len(req.output_ids), dt, req.finish_reason)
@@ -249,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="also serve Prometheus /metrics on HOST:PORT (it is always on the API port)")
     s.add_argument("--served-model-name", default=None, help=_field_help("model name in the API", "served_model_name", "the model's"))
     s.add_argument("--no-blend", action="store_true", help="refuse CacheBlend (`documents`) requests")
+    s.add_argument("--api-keys", default=None, metavar="FILE", dest="api_keys_file",
+                   help=_field_help("YAML mapping API key -> tenant: /v1/* then need 'Authorization: Bearer KEY' "
+                                    "(401 without), and a request's KV namespace is its key's tenant "
+                                    "(engine/tenancy.py)", "api_keys_file"))
     s.add_argument("--shutdown-grace-s", type=float, default=30.0,
                    help="on SIGTERM, wait this long for staged KV offloads to reach the daemon (default: %(default)s)")
     g = sub.add_parser("generate", help="one-off generation")
@@ -278,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             from engine.shared_prefix import read_entries
 
             read_entries(cfg.shared_prefix_file)  # a bad file is one line too
+        if cfg.api_keys_file:
+            from engine.tenancy import ApiKeys
+
+            ApiKeys.load(cfg.api_keys_file)  # likewise
         if a.check_config:
             return _check(a, cfg)
     except ValueError as e:  # a bad flag or env value (ConfigError is one): one line, no traceback

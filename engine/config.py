@@ -27,6 +27,15 @@ class EngineConfig:
     kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)
     kv_connector: str = "tierkv"  # which registered connector --kvstore attaches (engine/plugins.py)
     shared_prefix_file: str = ""  # YAML list of prompts every tenant shares the KV of (engine/shared_prefix.py)
+    tenant: str = ""  # the one tenant of an engine without API keys: every request's namespace (engine/tenancy.py)
+    api_keys_file: str = ""  # YAML API key -> tenant: /v1/* need a key, whose tenant is the request's (engine/tenancy.py)
+    # what one API client may ask (engine/limits.py): past a bound, a 400 (429 for max_waiting)
+    max_waiting: int = 256  # API requests in flight beyond max_num_seqs (tokenising or queued)
+    max_stop_strings: int = 8
+    max_stop_chars: int = 256  # characters of one stop string
+    max_stop_token_ids: int = 64
+    max_prompt_chars: int = 0  # characters of a text prompt before tokenising; 0 = 16 per token of context
+    max_salt_bytes: int = 256  # UTF-8 bytes of a cache_salt
 
     def __post_init__(self) -> None:
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -43,6 +52,19 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
+        if self.tenant:
+            from engine.tenancy import check_tenant
+
+            check_tenant(self.tenant, "tenant")
+            if self.api_keys_file:
+                raise ValueError("tenant names the one tenant of an engine without API keys; with api_keys_file "
+                                 "each key names its tenant")
+        for name in ("max_waiting", "max_stop_strings", "max_stop_token_ids", "max_prompt_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_stop_chars", "max_salt_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
     @staticmethod
     def from_env(**overrides: object) -> EngineConfig:

@@ -28,6 +28,7 @@ from engine.errors import EngineError, InvalidRequestError
 from engine.forward_batch import ForwardBatch
 from engine.hooks import AdmissionHook, EngineView, KVConnectorPlugin, LoadingHook
 from engine.kv_pool import KVPool
+from engine.limits import check_stop
 from engine.model import LlamaModel
 from engine.model_loader import LoadedModel, load_model
 from engine.radix_cache import EvictedNode, RadixCache
@@ -114,6 +115,7 @@ class LLMEngine:
     def _request(self, prompt: str | Sequence[int], params: SamplingParams | None, rid: str | None,
                  cache_salt: str | None, extras: Mapping[str, HookState] | None) -> Request:
         params = params or SamplingParams()
+        check_stop(self.cfg, params.stop, params.stop_token_ids)  # the server checked an API request already
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise InvalidRequestError("the prompt is empty", "prompt")
@@ -196,7 +198,7 @@ class LLMEngine:
         seqs, needs_logits = [], []
         for req, n in plan:
             start = req.num_computed
-            seqs.append((req.all_ids[start : start + n], start, req.pages))
+            seqs.append((req.ids_between(start, start + n), start, req.pages))
             needs_logits.append(start + n == req.num_tokens)
         batch = ForwardBatch.build(seqs, self.pool.page_size, self.device, logits=needs_logits)
         logits = self.model.forward(batch, self.pool, self.attn)

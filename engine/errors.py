@@ -23,6 +23,10 @@ class PromptTooLongError(InvalidRequestError):
     """The prompt (plus max_tokens) can never fit in the KV pool or the model's context."""
 
 
+class OverloadedError(EngineError):
+    """The engine has as many requests in flight as it takes (running + waiting). Maps to HTTP 429."""
+
+
 class EngineDeadError(EngineError):
     """The engine loop stopped after an unexpected error."""
 

@@ -36,6 +36,12 @@ class EngineMetrics:
         self.generation_tokens = Counter("tierkv_engine_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("tierkv_engine_requests", "Finished requests", ["finish_reason"], registry=r)
         self.preemptions = Gauge("tierkv_engine_preemptions", "Preemptions so far", registry=r)
+        self.api_in_flight = Gauge("tierkv_engine_api_requests_in_flight",
+                                   "API requests accepted and not finished (tokenising, queued or running)", registry=r)
+        self.api_tokenizing = Gauge("tierkv_engine_api_prompts_tokenizing",
+                                    "Prompts being tokenised, on the thread pool beside the event loop", registry=r)
+        self.api_overloaded = Counter("tierkv_engine_api_overloaded", "API requests refused with 429: too many in "
+                                      "flight (max_num_seqs + max_waiting)", registry=r)
 
     def count_usage(self, usage: PromptUsage) -> None:
         for outcome, parts in (("cached", usage.cached_by_source()), ("computed", usage.computed_by_source())):

@@ -34,10 +34,13 @@ class _Common(BaseModel):
     cache_salt: str | None = None
     user: str | None = None
 
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
     def sampling(self, default_max: int) -> SamplingParams:
         if self.n != 1:
             raise InvalidRequestError("only n=1 is supported", "n")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        stop = self.stop_strings()
         return SamplingParams(
             max_tokens=self.max_tokens if self.max_tokens is not None else default_max,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,

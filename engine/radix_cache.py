@@ -17,6 +17,10 @@ salt, and a tenant's pages after them hang below the last shared node, keyed by 
 so tenants still never share a node past the declared tokens. Each node records its ``scope``
 (its tenant's salt, or None for a shared node); ``match_prefix`` and ``insert`` take the request's
 salt and route each page themselves, so callers need not know what is shared.
+A tenant's root exists only while its tree holds a node: ``insert`` makes it, the eviction of its
+last node drops it, and a match in a salt with no tree walks a throwaway empty root. So the per-salt
+state is bounded by the cached pages, however many salts clients send, and eviction walks only the
+trees that hold pages. A dropped salt's next request starts an empty tree: it can share nothing.
 
 Locks count along the path: ``lock(node)`` adds one to the node and every ancestor (the root is
 never counted), so a node's ``lock_ref`` is its own locks plus the sum of its children's. A node
@@ -115,12 +119,15 @@ class RadixCache:
     def root(self) -> TreeNode:
         return self._root
 
-    def _root_for(self, scope: Scope) -> TreeNode:
+    def _root_for(self, scope: Scope, create: bool) -> TreeNode:
         """The tree of one tenant (requests with different salts never share a node), or with
-        None the shared tree."""
+        None the shared tree. Without ``create`` a salt with no tree gets an empty root that is not
+        kept (a miss must not leave state behind)."""
         root = self._roots.get(scope)
         if root is None:
-            root = self._roots[scope] = TreeNode(next(self._ids), (), [], None, 0, scope=scope)
+            root = TreeNode(next(self._ids), (), [], None, 0, scope=scope)
+            if create:
+                self._roots[scope] = root
         return root
 
     def _shared_end(self, toks: Tokens) -> int:
@@ -135,7 +142,7 @@ class RadixCache:
         the match ends inside it. Refreshes the LRU clock along the path; takes no page refs."""
         toks = _as_tuple(tokens)
         pages: list[int] = []
-        node, num = self._walk(toks, pages, salt or "", self._shared_end(toks))
+        node, num = self._walk(toks, pages, salt or "", self._shared_end(toks), create=False)
         if record_stats:
             self.tokens_requested += len(toks)
             self.tokens_hit += num
@@ -154,7 +161,7 @@ class RadixCache:
             raise ValueError(f"{len(toks)} tokens for {len(pages)} pages of {ps}")
         salt = salt or ""
         shared_end = self._shared_end(toks)
-        node, num = self._walk(toks, None, salt, shared_end)
+        node, num = self._walk(toks, None, salt, shared_end, create=True)
         if num == len(toks):
             return num
         new_pages = pages[num // ps:]
@@ -177,13 +184,14 @@ class RadixCache:
         self._evictable += len(new_pages)
         return num
 
-    def _walk(self, toks: Tokens, pages_out: list[int] | None, salt: str, shared_end: int) -> tuple[TreeNode, int]:
+    def _walk(self, toks: Tokens, pages_out: list[int] | None, salt: str, shared_end: int,
+              create: bool) -> tuple[TreeNode, int]:
         """Follow ``toks`` down whole pages (the first ``shared_end`` tokens in the shared tree, then
         the tenant ``salt``'s); split where the match ends inside a node."""
         ps = self.page_size
         end = len(toks) - len(toks) % ps
         self._clock += 1
-        node, pos = self._root_for(None if shared_end else salt), 0
+        node, pos = self._root_for(None if shared_end else salt, create), 0
         while pos < end:
             scope = None if pos < shared_end else salt
             child = node.children.get(_key(node, scope, toks[pos:pos + ps]))
@@ -238,10 +246,12 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     def _check_attached(self, node: TreeNode) -> None:
+        """A node must hang below one of the live roots; a root itself always passes (locking one is
+        a no-op, and a miss's root may be one that was never kept or has been dropped since)."""
         n: TreeNode | None = node
         while n is not None and not self._is_root(n):
             n = n.parent
-        if n is None or all(n is not r for r in self._roots.values()):
+        if n is None or (n is not node and self._roots.get(n.scope) is not n):
             raise ValueError(f"{node!r} is not in this radix cache (evicted or reset?)")
 
     # ------------------------------------------------------------------ eviction
@@ -276,12 +286,15 @@ class RadixCache:
             self.on_evict(self._describe(victims))
         ps = self.page_size
         for node in victims:
-            assert node.parent is not None and not node.children
-            del node.parent.children[_key(node.parent, node.scope, node.tokens[:ps])]
+            parent = node.parent
+            assert parent is not None and not node.children
+            del parent.children[_key(parent, node.scope, node.tokens[:ps])]
             node.parent = None
             self.allocator.decref(node.pages)
             self._owned.difference_update(node.pages)
             self._evictable -= len(node.pages)
+            if not parent.children and parent is not self._root and self._roots.get(parent.scope) is parent:
+                del self._roots[parent.scope]  # the salt's last node: its tree goes (module notes)
         return released
 
     def _describe(self, victims: list[TreeNode]) -> list[EvictedNode]:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from engine.hooks import LoadingHook
 from engine.radix_cache import TreeNode
 from engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.stop import StopState
 
 
 class PageOutcome(NamedTuple):
@@ -129,7 +132,10 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     generator: torch.Generator | None = None
-    text: str = ""  # detokenized output so far (after stop-string truncation)
+    #: the output text emitted so far (after stop-string truncation), one piece per step that emitted
+    #: any: appending is O(1) where growing one string would copy the whole output every token
+    text_pieces: list[str] = field(default_factory=list)
+    stop_state: StopState | None = None  # the stop checker's (engine/stop.py): detokeniser window, held tail
     cache_limit: int | None = None  # KV past this many tokens is approximate (set by CacheManager.apply_extension)
     admission: Admission | None = None  # set from the prefix match until the request runs (the scheduler's)
     #: per-request state of the plug-ins, each under the key its plug-in chose and owned by it (the
@@ -147,8 +153,23 @@ class Request:
         return self.num_computed if self.cache_limit is None else min(self.num_computed, self.cache_limit)
 
     @property
+    def text(self) -> str:
+        """The detokenized output so far (after stop-string truncation)."""
+        return "".join(self.text_pieces)
+
+    @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def ids_between(self, start: int, end: int) -> list[int]:
+        """``all_ids[start:end]`` without building ``all_ids`` (a decode step feeds one token: its cost
+        must not grow with the prompt and the output)."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n:end - n]
+        return self.prompt_ids[start:] + self.output_ids[:end - n]
 
     @property
     def num_tokens(self) -> int:

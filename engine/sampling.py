@@ -8,6 +8,8 @@ import torch
 
 from engine.errors import InvalidRequestError
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -33,8 +35,9 @@ class SamplingParams:
             raise InvalidRequestError("top_p must be in (0, 1]", "top_p")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be non-empty strings", "stop")
-        if len(self.stop) > 16:
-            raise InvalidRequestError("at most 16 stop strings", "stop")
+        # how many stop strings and how long: the engine's limits (engine/limits.py), checked where it is known
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:  # else torch raises on the step thread
+            raise InvalidRequestError(f"seed must be in [{SEED_MIN}, {SEED_MAX}]", "seed")
 
     @property
     def greedy(self) -> bool:

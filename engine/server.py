@@ -5,37 +5,86 @@ prompt_tokens_details.cached_tokens (only prompt tokens whose KV was not compute
 and its split in the extension ``prompt_tokens_details.tierkv`` (with ``pages``: each prompt page's
 cache outcome, when a plug-in judged them), /v1/models, /health, /metrics. Errors are OpenAI-shaped
 400s; a client that disconnects has its request aborted so its pages are freed.
+
+Tenants (engine/tenancy.py): with ``api_keys`` every /v1/* call (every path but /health and
+/metrics) needs ``Authorization: Bearer KEY`` (401 without a valid one) and runs in its key's tenant; else in
+``tenant`` (the engine's one tenant, or none). The body's ``cache_salt`` only sub-divides that
+tenant's namespace, so no request reaches another tenant's radix tree or daemon keys.
+
+One client cannot stall the others (engine/limits.py): every bounded input is checked before any
+work; prompts are tokenised (and chat templates rendered) on a small thread pool, never on the event
+loop that answers /health; and past ``max_num_seqs + max_waiting`` requests in flight a completion
+request is answered 429 (503 once the engine loop died) with ``Retry-After`` before its body is read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from engine import limits
 from engine.async_engine import AsyncEngine
-from engine.errors import EngineDeadError, InvalidRequestError
+from engine.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from engine.hooks import DocumentPrompts
+from engine.prompts import PromptBuilder
 from engine.protocol import ChatRequest, CompletionRequest
 from engine.request import HookState, RequestOutput
+from engine.sampling import SamplingParams
+from engine.tenancy import ApiKeys, body_salt_error, scoped_salt
 
 CHAT_DEFAULT_MAX = 1024
 #: bytes of one request body; a larger one is answered 413 before it is read (Content-Length) or as
 #: soon as it passes the bound (chunked), so no client makes the server hold more. A 128k-token
 #: prompt as JSON token ids is ~1 MB; CacheBlend documents fit too.
 MAX_BODY_BYTES = 16 * 1024**2
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # what answers without an API key (probes, Prometheus)
+TOKENIZER_THREADS = 2  # prompts tokenised at once, off the event loop
+RETRY_AFTER = {"Retry-After": "1"}  # on a 429 or 503: seconds
+LIMITED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})  # the requests counted in flight
+T = TypeVar("T")
 
 
-def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": etype,
-                                                               "param": param, "code": None}})
+def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, headers=headers,
+                        content={"error": {"message": message, "type": etype, "param": param, "code": None}})
+
+
+class _InFlightLimit:
+    """ASGI middleware: a completion request holds a place among those in flight (``limits.InFlight``)
+    from its first byte until its response has ended, streamed or not, or its client went away. Past
+    the cap it is answered 429 at once, its body unread; once the engine loop died, 503."""
+
+    def __init__(self, app: ASGIApp, aengine: AsyncEngine, in_flight: limits.InFlight) -> None:
+        self.app, self.aengine, self.in_flight = app, aengine, in_flight
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in LIMITED_PATHS:
+            return await self.app(scope, receive, send)
+        try:
+            if self.aengine.dead is not None:
+                raise EngineDeadError(f"engine loop died: {self.aengine.dead!r}")
+            slot = self.in_flight.enter()
+        except OverloadedError as e:
+            self.aengine.metrics.api_overloaded.inc()
+            return await _error(429, str(e), etype="rate_limit_error", headers=RETRY_AFTER)(scope, receive, send)
+        except EngineDeadError as e:
+            return await _error(503, str(e), etype="server_error", headers=RETRY_AFTER)(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            slot.release()
 
 
 def _usage(out: RequestOutput) -> dict[str, Any]:
@@ -75,12 +124,25 @@ def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
 
 
 def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, api_keys: ApiKeys | None = None, tenant: str = "") -> FastAPI:
     """documents: the request builders of the plug-in that serves `documents` and `blend_separator`
-    requests (kvengine serve's: CacheBlend); None refuses them."""
-    app = FastAPI(title="tierkv engine", max_body_size=max_body_bytes)
+    requests (kvengine serve's: CacheBlend); None refuses them. ``api_keys`` / ``tenant``: whose
+    namespace each request runs in (module notes)."""
+    if api_keys is not None and tenant:
+        raise ValueError("a server with API keys takes each request's tenant from its key, not a fixed tenant")
     eng = aengine.engine
-    tok = eng.tokenizer
+    cfg = eng.cfg
+    prompts = PromptBuilder(eng.tokenizer, cfg, eng.max_model_len, model_name, documents)
+    pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="tierkv engine", max_body_size=max_body_bytes, lifespan=lifespan)
+    app.add_middleware(_InFlightLimit, aengine=aengine,  # type: ignore[arg-type]
+                       in_flight=limits.InFlight(cfg.max_num_seqs + cfg.max_waiting, aengine.metrics.api_in_flight.set))
     created = int(time.time())
 
     @app.exception_handler(RequestValidationError)
@@ -96,12 +158,31 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
 
     @app.exception_handler(EngineDeadError)
     async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return _error(503, str(exc), etype="server_error")
+        return _error(503, str(exc), etype="server_error", headers=RETRY_AFTER)
+
+    if api_keys is not None:
+        @app.middleware("http")
+        async def _api_key(http: Request, call_next: Callable[[Request], Any]) -> Any:
+            if http.url.path not in OPEN_PATHS:  # deny by default: /v1/*, and FastAPI's /docs too
+                found = api_keys.tenant(http.headers.get("authorization"))
+                if found is None:
+                    resp = _error(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
+                                  etype="authentication_error")
+                    resp.headers["WWW-Authenticate"] = "Bearer"
+                    return resp
+                http.state.tenant = found
+            return await call_next(http)
+
+    def _salt(http: Request, body_salt: str | None) -> str | None:
+        """The request's scope: its tenant's (its key's, else the server's), sub-divided by the body's salt."""
+        if (why := body_salt_error(body_salt)) is not None:
+            raise InvalidRequestError(why, "cache_salt")
+        return scoped_salt(getattr(http.state, "tenant", tenant), body_salt)
 
     @app.get("/health")
     async def health() -> Any:
         if aengine.dead is not None:
-            return _error(503, "engine loop died", etype="server_error")
+            return _error(503, "engine loop died", etype="server_error", headers=RETRY_AFTER)
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -113,9 +194,20 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "tierkv", "max_model_len": eng.max_model_len}]}
 
-    def _check_model(name: str | None) -> None:
-        if name not in (None, "", model_name):
-            raise InvalidRequestError(f"model {name!r} is not served here (serving {model_name!r})", "model")
+    def _check(body: CompletionRequest | ChatRequest) -> None:
+        """What costs nothing to check, before any work (engine/limits.py)."""
+        if body.model not in (None, "", model_name):
+            raise InvalidRequestError(f"model {body.model!r} is not served here (serving {model_name!r})", "model")
+        limits.check_salt(cfg, body.cache_salt)
+        limits.check_stop(cfg, body.stop_strings(), body.stop_token_ids or ())
+
+    async def _off_loop(fn: Callable[[], T]) -> T:
+        """Tokenising a long prompt takes ~1 s per MiB: on the pool, so the event loop keeps serving."""
+        aengine.metrics.api_tokenizing.inc()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn)
+        finally:
+            aengine.metrics.api_tokenizing.dec()
 
     async def _collect(http: Request, gen: AsyncIterator[RequestOutput]) -> tuple[str, RequestOutput]:
         """Consume a request to the end, aborting it if the client goes away meanwhile."""
@@ -136,26 +228,20 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
         task.result()
         return "".join(text), last[0]
 
-    def _tokenize_prompt(p: str | list[int]) -> list[int]:
-        return list(p) if isinstance(p, list) else tok(p)["input_ids"]
-
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request) -> Any:
-        _check_model(body.model)
-        prompt = body.prompt_input()
-        extras: Mapping[str, HookState] | None = None
-        if body.blend_separator is not None:
-            if documents is None:
-                raise InvalidRequestError("CacheBlend is not available on this server", "blend_separator")
-            if not isinstance(prompt, str):
-                raise InvalidRequestError("blend_separator needs a text prompt", "prompt")
-            ids, extras = documents.plain(prompt, body.blend_separator, body.blend_ratio)
-        else:
-            ids = _tokenize_prompt(prompt)
+        _check(body)
+        build = prompts.completion(body)
         params = body.sampling(default_max=16)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extras=extras)
+
+        def prepare() -> tuple[list[int], Mapping[str, HookState] | None]:
+            ids, extras = build()
+            aengine.validate(ids, params)
+            return ids, extras
+
+        ids, extras = await _off_loop(prepare)
+        gen = aengine.generate(rid, ids, params, cache_salt=_salt(http, body.cache_salt), extras=extras)
         if body.stream:
             def chunks(out: RequestOutput) -> list[dict[str, Any]]:
                 base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name}
@@ -170,28 +256,21 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
                 "choices": [{"index": 0, "text": text, "finish_reason": out.finish_reason, "logprobs": None}],
                 "usage": _usage(out)}
 
-    def _chat_prompt(body: ChatRequest) -> tuple[list[int], Mapping[str, HookState] | None]:
-        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-        if not msgs:
-            raise InvalidRequestError("messages must not be empty", "messages")
-        if not getattr(tok, "chat_template", None):  # else transformers raises ValueError: a 500
-            raise InvalidRequestError(f"model {model_name!r} has no chat template: use /v1/completions", "messages")
-        if body.documents:
-            if documents is None:
-                raise InvalidRequestError("CacheBlend is not available on this server", "documents")
-            return documents.chat(msgs, body.documents, body.blend_ratio)
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return tok(text, add_special_tokens=False)["input_ids"], None
-
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, http: Request) -> Any:
-        _check_model(body.model)
-        ids, extras = _chat_prompt(body)
-        room = min(eng.max_model_len, eng.scheduler.capacity_tokens()) - len(ids)
-        params = body.sampling(default_max=max(1, min(CHAT_DEFAULT_MAX, room)))
+        _check(body)
+        build = prompts.chat(body)
+
+        def prepare() -> tuple[list[int], SamplingParams, Mapping[str, HookState] | None]:
+            ids, extras = build()
+            room = min(eng.max_model_len, eng.scheduler.capacity_tokens()) - len(ids)
+            params = body.sampling(default_max=max(1, min(CHAT_DEFAULT_MAX, room)))
+            aengine.validate(ids, params)
+            return ids, params, extras
+
+        ids, params, extras = await _off_loop(prepare)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        aengine.validate(ids, params)
-        gen = aengine.generate(rid, ids, params, cache_salt=body.cache_salt, extras=extras)
+        gen = aengine.generate(rid, ids, params, cache_salt=_salt(http, body.cache_salt), extras=extras)
         if body.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "model": model_name}
             head = [{**base, "created": int(time.time()),

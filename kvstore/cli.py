@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
+from kvstore.config import tier_secrets
 from kvstore.config.flags import build_arg_parser
 from kvstore.config.store_config import KINDS, StoreConfig
 from kvstore.errors import KVStoreError
@@ -97,6 +98,7 @@ def describe(cfg: StoreConfig) -> str:
     lines = [f"listen {cfg.listen}" + (f", metrics {cfg.metrics_listen}" if cfg.metrics_listen else "")]
     lines += [f"  {t!r}" for t in cfg.tiers]
     lines += auth.describe(cfg)
+    lines += tier_secrets.describe(cfg)
     return "\n".join(lines)
 
 

@@ -44,3 +44,8 @@ class ShmSessionLost(KVStoreError):
 
 class StoreClosed(KVStoreError):
     """The TieredStore was closed and accepts no more calls."""
+
+
+class PermissionDenied(KVStoreError):
+    """The daemon refused a key (or an operator call) to this call's credential: another tenant's
+    namespace, a write to the shared one without admin (maps to gRPC PERMISSION_DENIED). Not retried."""

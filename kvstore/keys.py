@@ -8,16 +8,28 @@ canonical byte encoding (token ids as fixed-width little-endian uint32) and neve
 report zero hits.
 
 The namespace folds in everything that changes the KV for the same tokens (model architecture
-config, weights digest, KV dtype, page size) plus a tenant salt, so tenants and models never
-share blocks by accident. The hash is what isolates tenants: a tenant's salt enters every key's
-digest, in every tier.
+config, weights digest, KV dtype, page size) plus the tenant and a salt, so tenants and models
+never share blocks by accident.
 
-Key format (what the daemon sees; it parses the tag for accounting only, kvstore/store/tenants.py):
+Two ways to name a tenant:
 
-- 16 bytes: ``hash`` — the default namespace (no salt), and any opaque key a client picks;
+- a *tenant* (``Namespace(..., tenant="acme", tenant_salt=salt)``, ``in_tenant``): the name of a
+  tenant of the daemon's credentials (kvstore/server/credentials.py). The tag comes from the name,
+  and the request's salt (``cache_salt``) enters only the digest: a sub-namespace inside the
+  tenant. The daemon lets a credential touch only keys tagged with its own tenants, so a client
+  cannot reach another tenant, and rotating salts cannot escape a tenant's quota. The tenant
+  ``default`` keys untagged (16-byte) keys.
+- legacy, no tenant (single-token deployments): the salt is the tenant; the tag comes from the
+  salt, as before, so existing keys keep their meaning.
+
+Key format (what the daemon sees: it reads the tag to check each key against the caller's
+credential and to account per tenant, kvstore/store/tenants.py):
+
+- 16 bytes: ``hash`` — the default namespace (no salt, or tenant ``default``), and any opaque key
+  a client picks;
 - 24 bytes: ``b"t\\x01" + tag + hash`` — a tenant's key: ``tag`` is 6 bytes of blake2b of the
-  salt (a pseudonym: the salt itself never leaves the engine, and the tag alone does not reveal
-  it), so the daemon can charge bytes to a tenant and an operator can find a tenant's blocks by
+  tenant's name (legacy: of its salt; a pseudonym either way: the tag alone does not reveal it), so
+  the daemon can check and charge keys per tenant and an operator can find a tenant's blocks by
   prefix in Redis or S3;
 - 24 bytes: ``b"s\\x01" + 6 zero bytes + hash`` — the operator-declared shared namespace
   (``Namespace.shared``): pages every tenant may reuse (a common system prompt). Its digest is
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NewType
@@ -46,46 +59,62 @@ _PERSON_NS = b"tierkv-ns-v1"
 _PERSON_KEY = b"tierkv-blk-v1"
 _PERSON_TAG = b"tierkv-tenant-v1"
 _ROOT = bytes(KEY_BYTES)  # parent of the first page
+DEFAULT_TENANT = "default"  # the tenant of untagged (16-byte) keys
+RESERVED_TENANTS = frozenset({"shared", "_other"})  # names the daemon's Stats use for other rows
+_TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
-def tenant_tag(tenant_salt: str) -> bytes:
-    """The 6-byte pseudonym of a tenant salt that its keys carry (``kvstore.store.tenants.tenant_name``
-    prints it as 12 hex digits)."""
-    return hashlib.blake2b(tenant_salt.encode(), digest_size=TAG_BYTES, person=_PERSON_TAG).digest()
+def tenant_tag(tenant: str) -> bytes:
+    """The 6-byte pseudonym of a tenant's name (legacy: of a tenant salt) that its keys carry
+    (``kvstore.store.tenants.tenant_name`` prints it as 12 hex digits)."""
+    return hashlib.blake2b(tenant.encode(), digest_size=TAG_BYTES, person=_PERSON_TAG).digest()
+
+
+def check_tenant_name(name: str, where: str = "tenant") -> str:
+    """``name`` if it is a valid tenant name (1-64 of letters, digits, ``.``, ``_``, ``-``, starting
+    with a letter or digit; not ``shared`` or ``_other``), else ValueError naming ``where``."""
+    if not isinstance(name, str) or not _TENANT_NAME.fullmatch(name):
+        raise ValueError(f"{where}: {name!r} is not a tenant name (1-64 letters, digits, '.', '_', '-', "
+                         "starting with a letter or digit)")
+    if name in RESERVED_TENANTS:
+        raise ValueError(f"{where}: {name!r} is reserved (the daemon's Stats use it for other rows)")
+    return name
 
 
 @dataclass(frozen=True)
 class Namespace:
-    """Model fingerprint + tenant salt (or the shared namespace). ``digest`` enters every key,
+    """Model fingerprint + tenant and salt (or the shared namespace). ``digest`` enters every key,
     ``key_prefix`` starts every key (empty for the default namespace)."""
 
     arch: str  # canonical architecture config (see ``from_model``)
     weights_digest: str
     kv_dtype: str
     page_size: int
-    tenant_salt: str = ""
+    tenant_salt: str = ""  # the request's salt: digest only with a tenant; legacy (no tenant): also the tag
     shared: bool = False  # the operator-declared namespace of prefixes shared by every tenant
+    tenant: str = ""  # a credential's tenant: the tag source ("" = legacy, see the module notes)
     digest: bytes = field(init=False, repr=False, compare=False)
     key_prefix: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
             raise ValueError(f"page_size must be > 0, got {self.page_size}")
-        if self.shared and self.tenant_salt:
-            raise ValueError("the shared namespace has no tenant salt")
-        # a tenant's payload ends in its salt (a string); the shared one in an object, which no
-        # salt can spell: the shared digest is out of every request's reach
-        scope: Any = {"shared": True} if self.shared else self.tenant_salt
+        if self.shared and (self.tenant_salt or self.tenant):
+            raise ValueError("the shared namespace has no tenant or salt")
+        if self.tenant:
+            check_tenant_name(self.tenant)
+        # a legacy payload ends in its salt (a string); a tenant's and the shared one in an object,
+        # which no salt can spell: neither is in reach of a request that picks a salt
+        scope: Any = {"shared": True} if self.shared else (
+            {"tenant": self.tenant, "salt": self.tenant_salt} if self.tenant else self.tenant_salt)
         payload = _canonical_json([self.arch, self.weights_digest, self.kv_dtype, int(self.page_size), scope])
         d = hashlib.blake2b(payload, digest_size=KEY_BYTES, person=_PERSON_NS).digest()
         object.__setattr__(self, "digest", d)
-        prefix = SHARED_MAGIC + SHARED_TAG if self.shared else (
-            TENANT_MAGIC + tenant_tag(self.tenant_salt) if self.tenant_salt else b"")
-        object.__setattr__(self, "key_prefix", prefix)
+        object.__setattr__(self, "key_prefix", key_prefix(self.tenant, self.tenant_salt, self.shared))
 
     @classmethod
     def from_model(
@@ -100,11 +129,26 @@ class Namespace:
         return cls(_canonical_json(dict(arch_config)).decode(), weights_digest, kv_dtype, page_size, tenant_salt)
 
     def with_tenant(self, tenant_salt: str) -> Namespace:
+        """Legacy (no tenant): the salt is the tenant, tag and digest alike."""
         return Namespace(self.arch, self.weights_digest, self.kv_dtype, self.page_size, tenant_salt)
+
+    def in_tenant(self, tenant: str, salt: str = "") -> Namespace:
+        """The namespace of ``tenant`` (tagged with its name), sub-divided by ``salt`` (digest only)."""
+        return Namespace(self.arch, self.weights_digest, self.kv_dtype, self.page_size, salt, tenant=tenant)
 
     def as_shared(self) -> Namespace:
         """The shared namespace of the same model (for operator-declared shared prefixes only)."""
         return Namespace(self.arch, self.weights_digest, self.kv_dtype, self.page_size, shared=True)
+
+
+def key_prefix(tenant: str, salt: str = "", shared: bool = False) -> bytes:
+    """What every key of that namespace starts with (module notes): the shared tag, a tenant's tag
+    (legacy: its salt's), or nothing (the default namespace)."""
+    if shared:
+        return SHARED_MAGIC + SHARED_TAG
+    if tenant:
+        return b"" if tenant == DEFAULT_TENANT else TENANT_MAGIC + tenant_tag(tenant)
+    return TENANT_MAGIC + tenant_tag(salt) if salt else b""
 
 
 def _tokens_le_u32(token_ids: Sequence[int] | np.ndarray) -> bytes:

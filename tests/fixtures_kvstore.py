@@ -21,8 +21,10 @@ bytes through the client's one read path (``read_batches``); ``each(sink)`` turn
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -38,12 +40,15 @@ import pytest
 from bench.servers import spawn_daemon
 from kvstore.block import encode_block
 from kvstore.client.client import KVStoreClient
+from kvstore.client.shm import SEGMENT_PREFIX
 from kvstore.config.store_config import StoreConfig, TierConfig, load_config
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.server.credentials import Access
 from kvstore.server.daemon import Daemon as ServedDaemon
 from kvstore.server.daemon import grpc_options
 from kvstore.server.servicer import KVStoreServicer
+from kvstore.server.shm_listener import ShmListener
 from kvstore.server.shm_sessions import ShmSessions
 from kvstore.server.stream_server import StreamServer
 from kvstore.store.tier_bookkeeping import LevelOptions
@@ -82,10 +87,15 @@ def fetch_one(c: KVStoreClient, key: bytes) -> bytes | None:
     return fetch(c, [key])[0]
 
 
+def segments_mapped(pid: int) -> set[str]:
+    """The clients' shared-memory segments (memfd names) process ``pid`` maps (its /proc/PID/maps):
+    the sessions a daemon attached, seen from outside it."""
+    return set(re.findall(rf"/memfd:({SEGMENT_PREFIX}[0-9a-f]+)", Path(f"/proc/{pid}/maps").read_text()))
+
+
 def mapped_segments(pid: int) -> int:
-    """How many clients' shared-memory segments process ``pid`` maps (its /proc/PID/maps): the
-    sessions a daemon attached, seen from outside it."""
-    return len(set(re.findall(r"/dev/shm/(tierkv-[0-9a-f]+)", Path(f"/proc/{pid}/maps").read_text())))
+    """How many clients' shared-memory segments process ``pid`` maps."""
+    return len(segments_mapped(pid))
 
 
 # -- kvstore serve, a subprocess --------------------------------------------------------------
@@ -199,19 +209,35 @@ class InProcessDaemon:
 
 
 @contextmanager
+def shm_listener(sessions: ShmSessions, servicer: KVStoreServicer) -> Iterator[ShmListener]:
+    """The daemon's unix socket for ``sessions`` (in a fresh directory), serving until the end."""
+    where = Path(tempfile.mkdtemp(prefix="tierkv-shm-"))
+    listener = ShmListener(sessions, where / "shm.sock", servicer.arena_share)
+    listener.start()
+    try:
+        yield listener
+    finally:
+        listener.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@contextmanager
 def inprocess_daemon(sessions: ShmSessions | None = None, workers: int = 8, cpu_bytes: int = 64 * 1024**2,
-                     lower: list | None = None) -> Iterator[InProcessDaemon]:  # fmt: skip
-    """``lower``: (tier, LevelOptions) pairs below the cpu tier."""
+                     lower: list | None = None, access: Access | None = None) -> Iterator[InProcessDaemon]:  # fmt: skip
+    """``lower``: (tier, LevelOptions) pairs below the cpu tier; ``access``: the daemon's credentials
+    (None: no auth, every caller admin). No auth interceptor: a call with an unknown token is
+    refused by the servicer itself (UNAUTHENTICATED)."""
     cfg = StoreConfig(tiers=(TierConfig("cpu", cpu_bytes),), listen="127.0.0.1:0", workers=workers)
     store = WrappedStore(TieredStore([(CpuTier(cpu_bytes), LevelOptions()), *(lower or [])]))
     sessions = ShmSessions() if sessions is None else sessions
     server = grpc.server(ThreadPoolExecutor(max_workers=workers), options=grpc_options(cfg))
-    servicer = SpyServicer(store, cfg, sessions)  # type: ignore[arg-type]
+    servicer = SpyServicer(store, cfg, sessions, access=access)  # type: ignore[arg-type]
     pb_grpc.add_KVStoreServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        yield InProcessDaemon(store, sessions, f"127.0.0.1:{port}", server, servicer)
+        with shm_listener(sessions, servicer):
+            yield InProcessDaemon(store, sessions, f"127.0.0.1:{port}", server, servicer)
     finally:
         server.stop(None).wait()
         servicer.close()
@@ -239,7 +265,8 @@ def stream_daemon(**stream_opts: float) -> Iterator[StreamDaemon]:
     d = StreamDaemon(store, sessions, f"127.0.0.1:{port}", server, servicer)  # type: ignore[arg-type]
     d.streams = streams
     try:
-        yield d
+        with shm_listener(sessions, servicer):
+            yield d
     finally:
         streams.close()
         server.stop(None).wait()

@@ -16,7 +16,7 @@ import pytest
 from bench.servers import S3Endpoint, prepare_bucket, redis_cluster, redis_server, seaweedfs_s3
 from tiers.base import Tier
 
-TIER_KINDS = ["cpu", "disk", "s3", "redis", "redis-cluster"]
+TIER_KINDS = ["cpu", "disk", "s3", "redis", "redis-cluster", "redis-signed"]  # signed: what the daemon builds
 TEST_BUCKET = "tierkv-tests"
 
 TierFactory = Callable[..., Tier]
@@ -58,6 +58,14 @@ def make_tier(kind: str, request: pytest.FixtureRequest, tmp: Path, capacity_byt
         ep: S3Endpoint = request.getfixturevalue("s3_endpoint")
         return S3Tier(ep.url, TEST_BUCKET, capacity_bytes, prefix=f"t-{tag}/", access_key=ep.access_key,
                       secret_key=ep.secret_key, region=ep.region)
+    if kind == "redis-signed":  # the MAC wrapper every daemon puts around Redis and S3 (one wrapper: one kind)
+        from kvstore.store.signed_tier import SignedTier
+        from tiers.mac import TRAILER_BYTES, BlockMac
+        from tiers.redis import RedisTier
+
+        inner = RedisTier(request.getfixturevalue("redis_url"), capacity_bytes + TRAILER_BYTES,
+                          prefix=f"t-{tag}:".encode(), max_value_bytes=capacity_bytes + TRAILER_BYTES)  # fmt: skip
+        return SignedTier(inner, BlockMac(b"contract-test-secret-" + tag.encode() * 2))
     if kind in ("redis", "redis-cluster"):
         from tiers.redis import RedisTier
 

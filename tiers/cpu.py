@@ -16,12 +16,14 @@ While bytes are held like that, a put that finds no free arena run falls back to
 (counted against the capacity like any other block), so callers never see a spurious "full";
 the tier still refuses to hold more than its capacity in blocks.
 
-Shared arena (Linux, unless pinned): the arena is a memfd, so a client process on this host can
-map it read-only (``share()``: the fd, size and a random token at its start; the daemon
-publishes them, kvstore/client/shm.py ArenaMap maps them) and copy a block straight out of it: a Get
-then costs the daemon no copy at all. ``arena_offset(view)`` says where a view handed out by
-``get`` lies in that file; keeping the view is what pins those bytes for the reader (the
-daemon's lease, kvstore/server/shm_sessions.py).
+Shared arena (Linux, unless pinned): the arena is a memfd (tiers/memfd.py: every page reserved at
+start, sealed), so a client process on this host can map it read-only (``share()``: a read-only
+fd the daemon passes over its unix socket, the size and a random token at its start;
+kvstore/client/shm.py ArenaMap maps it) and copy a block straight out of it: a Get then costs the
+daemon no copy at all. ``arena_offset(view)`` says where a view handed out by ``get`` lies in
+that file; keeping the view is what pins those bytes for the reader (the daemon's lease,
+kvstore/server/shm_sessions.py). Only this tier's own mapping can write there: the memfd is sealed
+against every later writable mapping, write or resize, and its mode is 0.
 
 Page size: a copy out of 4 KiB pages runs 15-20% slower than out of 2 MiB ones (TLB misses; measured
 by bench.tiers on a 2-core VM). A private arena gets transparent huge pages like any large numpy
@@ -35,23 +37,22 @@ ordinary pages and says so. ``page_kind`` names what the arena got.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import secrets
 import sys
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from tiers.base import Buffer, Tier
 from tiers.errors import BlockTooLarge, TierError
+from tiers.memfd import ARENA_HEADER, HUGE_PAGE, TOKEN_BYTES, ArenaShare, page_kind, shared_arena
+
+__all__ = ["ARENA_HEADER", "HUGE_PAGE", "TOKEN_BYTES", "ArenaShare", "CpuTier", "shared_arena"]
 
 log = logging.getLogger(__name__)
-HUGE_PAGE = 2 * 1024 * 1024
 
 
 @dataclass
@@ -76,104 +77,12 @@ def _want_pinned() -> bool:
 
 
 _OWN_REFS = 2  # sys.getrefcount of a block's view held only by its record (+1: the call's argument)
-ARENA_HEADER = 4096  # start of a shared arena's file: its token; blocks start after it
-TOKEN_BYTES = 16
-
-
-class ArenaShare(NamedTuple):
-    """What a client on this host needs to map the arena read-only: open /proc/<pid>/fd/<fd>,
-    check that the file starts with ``token``; block offsets count from the file's start."""
-
-    fd: int
-    size: int
-    token: bytes
-
-
 def _allocate_arena(nbytes: int, pinned: bool) -> np.ndarray:
     if pinned:
         import torch
 
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
     return np.empty(nbytes, dtype=np.uint8)
-
-
-def _thp_mode(which: str) -> str:
-    """The kernel's transparent-huge-page mode for anonymous memory (``enabled``) or shmem/memfd
-    (``shmem_enabled``): the bracketed word of its sysfs file, "" where there is none."""
-    try:
-        text = open(f"/sys/kernel/mm/transparent_hugepage/{which}").read()  # noqa: SIM115 - one read
-    except OSError:
-        return ""
-    start, end = text.find("["), text.find("]")
-    return text[start + 1 : end] if 0 <= start < end else ""
-
-
-def _page_kind(shared: bool, pinned: bool) -> str:
-    """What pages an arena of ordinary pages gets: "thp" when the kernel gives it transparent
-    huge pages (a private arena: numpy madvises large arrays; a memfd: we madvise it), else "4KiB"."""
-    if pinned:
-        return "pinned"
-    if shared:
-        return "thp" if _thp_mode("shmem_enabled") in ("always", "within_size", "advise", "force") else "4KiB"
-    return "thp" if _thp_mode("enabled") in ("always", "madvise") else "4KiB"
-
-
-def _hugetlb_fd(total: int) -> int | None:
-    """A memfd of ``total`` bytes (a multiple of HUGE_PAGE) in reserved hugetlb pages, every page
-    allocated now (None, logged, when they cannot be had)."""
-    flag = getattr(os, "MFD_HUGETLB", 0)
-    if not flag:
-        log.warning("cpu tier: huge_pages asked for, but this platform has no MFD_HUGETLB: using ordinary pages")
-        return None
-    try:
-        fd = os.memfd_create("tierkv-cpu-arena", os.MFD_CLOEXEC | flag)
-    except OSError as e:
-        log.warning("cpu tier: no hugetlb memfd (%s): using ordinary pages", e)
-        return None
-    try:
-        os.ftruncate(fd, total)
-        os.posix_fallocate(fd, 0, total)  # fails here, cleanly, when the pages are not there
-        return fd
-    except OSError as e:
-        os.close(fd)
-        log.warning("cpu tier: %d MiB of hugetlb pages not available (%s; reserve them with vm.nr_hugepages "
-                    "or a pod's hugepages-2Mi): using ordinary pages", total >> 20, e.strerror or e)
-        return None
-
-
-def shared_arena(nbytes: int, huge_pages: bool = False) -> tuple[np.ndarray, ArenaShare, str] | None:
-    """An arena in a memfd and the kind of its pages (None where there is no memfd_create, or it
-    fails). The caller owns the fd (``ArenaShare.fd``). Also the memory bench.tiers copies its
-    cpu baseline out of: the same kind of pages as the tier's."""
-    if not nbytes or not hasattr(os, "memfd_create"):
-        return None
-    total = ARENA_HEADER + nbytes
-    whole = -(-total // HUGE_PAGE) * HUGE_PAGE  # whole huge pages: both sides map (and unmap) all of it
-    fd = _hugetlb_fd(whole) if huge_pages else None
-    if fd is not None:
-        total, kind = whole, "hugetlb"  # its size is set, every page allocated
-    else:
-        kind = _page_kind(shared=True, pinned=False)
-        try:
-            fd = os.memfd_create("tierkv-cpu-arena", os.MFD_CLOEXEC)
-            os.ftruncate(fd, total)
-        except OSError:
-            if fd is not None:
-                os.close(fd)
-            return None
-    try:
-        mem = mmap.mmap(fd, total)
-    except OSError:
-        os.close(fd)
-        return None
-    if kind != "hugetlb" and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            mem.madvise(mmap.MADV_HUGEPAGE)  # honoured where shmem THP is "advise"
-        except OSError:
-            pass
-    token = secrets.token_bytes(TOKEN_BYTES)
-    mem[:TOKEN_BYTES] = token
-    return np.frombuffer(mem, np.uint8, count=nbytes, offset=ARENA_HEADER), ArenaShare(fd, total, token), kind
 
 
 class _Allocator:
@@ -242,11 +151,12 @@ class CpuTier(Tier):
             raise TierError(self.name, "cannot make a shared arena (no memfd_create, or it failed)")
         self._share: ArenaShare | None = made[1] if made else None
         #: the arena's pages: "hugetlb", "thp" (transparent huge pages), "4KiB" or "pinned"
-        self.page_kind = made[2] if made else _page_kind(shared=False, pinned=self.pinned)
+        self.page_kind = made[2] if made else page_kind(shared=False, pinned=self.pinned)
         if huge_pages and made is None:
             log.warning("cpu tier: huge_pages applies to the shared arena only; this one is private (%s pages)",
                         self.page_kind)
-        # the memfd's pages live as long as its fd: closed by close(), or when the tier is collected
+        # the memfd's pages live as long as its mapping and the clients' fd: closed by close(), or when
+        # the tier is collected
         self._close_fd = weakref.finalize(self, os.close, made[1].fd) if made else None
         self._arena: np.ndarray | None = made[0] if made else _allocate_arena(self.capacity_bytes, self.pinned)
         self._base = self._arena.ctypes.data

@@ -32,5 +32,10 @@ class BlockTooLarge(TierKVError):
     """A single block is larger than the tier (or the message limit) can ever hold."""
 
 
+class StoredValueTooLarge(TierKVError):
+    """A value in a tier is larger than the reader accepts (the daemon's largest block): refused
+    before its bytes were read (a shared tier's value may come from anyone who can write there)."""
+
+
 class ConfigError(TierKVError):
     """Invalid configuration (bad size string, unknown tier, missing bucket...)."""

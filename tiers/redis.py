@@ -13,7 +13,13 @@ Why these choices:
 - Budget: a Redis shared by several nodes enforces its own (``maxmemory`` + an eviction policy
   such as ``allkeys-lru``, and/or ``ttl_s``); a server with neither is logged at start, since it
   would grow until it runs out of memory. See kvstore/README.md, "Shared tiers".
-- The URL's password never appears in errors, logs or reprs (``redact_url``).
+- The URL's password never appears in errors, logs or reprs (``redact_url``); ``password`` (read
+  from a secret file by the daemon) keeps it out of the URL altogether. ``tls_ca``: the CA file
+  that signed a ``rediss://`` server's certificate.
+- ``max_value_bytes``: ``get`` asks for at most that many bytes plus one (one GETRANGE instead of
+  GET, the same round trip), and a longer value is refused (StoredValueTooLarge) with the rest of
+  it never sent: anyone who can write to the server chooses what is stored, and a 512 MiB value
+  would otherwise be read whole into the daemon's memory.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from redis.connection import parse_url
 from redis.retry import Retry
 
 from tiers.base import Buffer, Tier
-from tiers.errors import BlockTooLarge, TierAuthError, TierError, TierUnavailable
+from tiers.errors import BlockTooLarge, StoredValueTooLarge, TierAuthError, TierError, TierUnavailable
 from tiers.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -63,10 +69,16 @@ class RedisTier(Tier):
         connect_timeout_s: float = 1.0,
         read_chunk_bytes: int = 1 << 20,
         connect: bool = True,
+        password: str | None = None,
+        tls_ca: str | None = None,
+        max_value_bytes: int | None = None,
     ) -> None:
         super().__init__(capacity_bytes)
         if ttl_s is not None and ttl_s <= 0:
             raise ValueError(f"redis: ttl_s must be > 0, got {ttl_s}")
+        if max_value_bytes is not None and max_value_bytes <= 0:
+            raise ValueError(f"redis: max_value_bytes must be > 0, got {max_value_bytes}")
+        self.max_value_bytes = max_value_bytes
         self.ttl_s, self.prefix, self.cluster = ttl_s, bytes(prefix), cluster
         self.where = redact_url(url)
         self._pattern = _glob_escape(self.prefix) + b"*"
@@ -76,6 +88,12 @@ class RedisTier(Tier):
             retry=Retry(NoBackoff(), 1),
             socket_read_size=read_chunk_bytes,  # MB-sized replies: fewer recv calls than the 64 KiB default
         )
+        if password is not None:
+            opts["password"] = password
+        if tls_ca:
+            if not url.startswith("rediss://"):
+                raise TierError(self.name, f"tls_ca {tls_ca} needs a rediss:// url, got {self.where}")
+            opts["ssl_ca_certs"] = tls_ca
         self._url, self._opts = url, opts
         self._r: Any = None
         self._closed, self._budget_checked = False, False
@@ -154,7 +172,15 @@ class RedisTier(Tier):
         self._cmd("set", self._k(key), body, ex=self.ttl_s)
 
     def get(self, key: bytes) -> bytes | None:
-        return self._cmd("get", self._k(key))
+        limit = self.max_value_bytes
+        if limit is None:
+            return self._cmd("get", self._k(key))
+        value = self._cmd("getrange", self._k(key), 0, limit)  # at most limit + 1 bytes
+        if not value:  # GETRANGE answers "" for a missing key (and no block is empty)
+            return None
+        if len(value) > limit:
+            raise StoredValueTooLarge(f"[redis] value of {key.hex()[:16]} is over {limit} bytes: refused")
+        return value
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         pipe = self._pipe()

@@ -14,6 +14,10 @@ Why these choices:
   the boto3 client, never in a message or repr.
 - Budget: a bucket shared by several nodes is bounded by its own lifecycle rule (expire objects
   under the prefix after N days); see kvstore/README.md, "Shared tiers".
+- ``max_value_bytes``: ``get`` looks at the object's ContentLength before reading its body, and a
+  longer object is refused (StoredValueTooLarge) with its body never read (a response without a
+  length is read to one byte past the limit at most): anyone who can write to the bucket chooses
+  what is stored there. ``ca_bundle``: the CA file of an https endpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import botocore.config
 import botocore.exceptions as bce
 
 from tiers.base import Buffer, Tier
-from tiers.errors import BlockTooLarge, TierAuthError, TierError, TierUnavailable
+from tiers.errors import BlockTooLarge, StoredValueTooLarge, TierAuthError, TierError, TierUnavailable
 
 _UNREACHABLE = (
     bce.EndpointConnectionError,
@@ -77,9 +81,13 @@ class S3Tier(Tier):
         workers: int = 8,
         create_bucket: bool = True,
         connect: bool = True,
+        ca_bundle: str | None = None,
+        max_value_bytes: int | None = None,
     ) -> None:
         super().__init__(capacity_bytes)
-        self.bucket, self.prefix = bucket, prefix
+        if max_value_bytes is not None and max_value_bytes <= 0:
+            raise ValueError(f"s3: max_value_bytes must be > 0, got {max_value_bytes}")
+        self.bucket, self.prefix, self.max_value_bytes = bucket, prefix, max_value_bytes
         cfg = client_config(connect_timeout_s, read_timeout_s, max_attempts, workers)
         self._client = boto3.session.Session().client(
             "s3",
@@ -88,6 +96,7 @@ class S3Tier(Tier):
             aws_secret_access_key=secret_key,
             region_name=region,
             config=cfg,
+            verify=ca_bundle or None,  # None: botocore's default bundle (or AWS_CA_BUNDLE)
         )
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
@@ -178,13 +187,24 @@ class S3Tier(Tier):
     def get(self, key: bytes) -> bytes | None:
         try:
             resp = self._call("get", self._client.get_object, Bucket=self.bucket, Key=self._obj(key))
-            return resp["Body"].read()
+            return self._read_body(key, resp)
         except bce.ClientError as e:
             if e.response.get("Error", {}).get("Code") in _MISSING:
                 return None
             raise TierError(self.name, f"get: {e}") from e
         except (bce.ReadTimeoutError, bce.ResponseStreamingError, OSError) as e:
             raise TierUnavailable(self.name, f"get: body read failed: {e}") from e
+
+    def _read_body(self, key: bytes, resp: dict[str, Any]) -> bytes:
+        body, limit, size = resp["Body"], self.max_value_bytes, resp.get("ContentLength")
+        if limit is None or (size is not None and size <= limit):
+            return body.read()  # botocore checks the body against ContentLength
+        if size is None:  # no length given: read one byte past the limit at most
+            data = body.read(limit + 1)
+            if len(data) <= limit:
+                return data
+        body.close()  # the rest of the body is never read
+        raise StoredValueTooLarge(f"[s3] object of {key.hex()[:16]} is over {limit} bytes: refused")
 
     def _contains(self, key: bytes) -> bool:
         try:

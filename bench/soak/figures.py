@@ -61,7 +61,7 @@ def growth(samples: Iterable[Sample], value: Callable[[Sample], float], warm_at:
 
 
 def shm_rounds(samples: Iterable[Sample]) -> list[tuple[float, int]]:
-    """(time, bytes of /dev/shm mapped by any watched process, each segment once) per sampling round."""
+    """(time, bytes of client segments mapped by any watched process, each segment once) per sampling round."""
     rounds: dict[float, dict[int, int]] = defaultdict(dict)
     for s in samples:
         merged = rounds[s.t]

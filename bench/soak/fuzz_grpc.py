@@ -26,6 +26,7 @@ from bench.servers import spawn_daemon, stop_daemon
 from bench.soak.fuzz import Tally, run_cases
 from bench.soak.fuzz_cases import messages, put_streams, raw_or_mutated, stream_requests
 from kvstore.block import decode_block, encode_block
+from kvstore.client import shm_link
 from kvstore.client.client import KVStoreClient
 from kvstore.client.shm import HEADER_BYTES, ArenaMap, ShmSegment
 from kvstore.errors import BlockFormatError
@@ -76,10 +77,8 @@ class GrpcFuzzer:
         self.client.put_many(list(self.canaries.items()))
         self.seg = ShmSegment.create(SEG_BYTES)
         resp = pb.AttachShmResponse.FromString(self.auth["good"].unary_unary(SERVICE + "AttachShm")(
-            pb.AttachShmRequest(name=self.seg.name, size=self.seg.size, token=self.seg.token,
-                                pid=os.getpid()).SerializeToString(), timeout=deadline_s))  # fmt: skip
-        self.session = resp.session if resp.ok else ""
-        self.arena = _map_arena(resp)  # blocks a Get answers in place are checked there
+            pb.AttachShmRequest(size=self.seg.size, arena=True, by_fd=True).SerializeToString(), timeout=deadline_s))
+        self.session, self.arena = self._hand_over(resp)  # blocks a Get answers in place are checked in the arena
         self._stream_port = self._token()[0]  # where connections without a valid token go
         self.tally = Tally()
 
@@ -94,9 +93,25 @@ class GrpcFuzzer:
         for ch in self.auth.values():
             ch.close()
         self.seg.close()
-        self.seg.unlink()
         if self.arena is not None:
             self.arena.close()
+
+    def _hand_over(self, resp: pb.AttachShmResponse) -> tuple[str, ArenaMap | None]:
+        """Our segment's fd to the daemon's unix socket: (the session, the arena mapped, if given)."""
+        if not resp.ok or self.seg.fd is None:
+            return "", None
+        try:
+            link, welcome, arena_fd = shm_link.join(resp.socket, resp.ticket, self.seg.fd, self.seg.size,
+                                                    self.deadline_s)  # fmt: skip
+        except (OSError, ValueError):
+            return "", None
+        self.seg.link = link
+        self.seg.handed_over()
+        try:
+            arena = ArenaMap(arena_fd, welcome.arena_size, welcome.arena_token) if arena_fd is not None else None
+        except (OSError, ValueError):
+            arena = None
+        return (welcome.session if welcome.ok else ""), arena
 
     # -- running ---------------------------------------------------------------------------
     def run(self, shares: dict[str, int], seed: int) -> Tally:
@@ -125,10 +140,9 @@ class GrpcFuzzer:
         if name == "TraceStart":
             return raw_or_mutated(self._trace_starts()).map(self._safe_trace)
         if name == "AttachShm":
-            near = st.builds(lambda size, tok, pid: pb.AttachShmRequest(name=self.seg.name, size=size, token=tok, pid=pid),
+            near = st.builds(lambda size, arena, by_fd: pb.AttachShmRequest(size=size, arena=arena, by_fd=by_fd),
                              st.sampled_from([self.seg.size, 0, HEADER_BYTES, self.seg.size + 1, 2**64 - 1]),
-                             st.sampled_from([self.seg.token, b"", b"x" * 16, self.seg.token + b"x"]),
-                             st.sampled_from([0, 1, os.getpid(), 2**31, 2**32 - 1]))  # fmt: skip
+                             st.booleans(), st.booleans())  # fmt: skip
             return raw_or_mutated(st.one_of(near, messages(pb.AttachShmRequest.DESCRIPTOR)).map(_ser))
         desc = REQUESTS.get(name, getattr(pb, f"{name}Request", None)).DESCRIPTOR
         wild = messages(desc)
@@ -318,15 +332,6 @@ class GrpcFuzzer:
                      if any(m in ln for m in CRASH_LOG_LINES)]  # fmt: skip
             for ln in lines:
                 self.tally.record("log", "bad", f"daemon log: {ln[:300]}")
-
-
-def _map_arena(resp: pb.AttachShmResponse) -> ArenaMap | None:
-    if not resp.ok or not resp.HasField("arena"):
-        return None
-    try:
-        return ArenaMap(resp.arena.pid, resp.arena.fd, resp.arena.size, resp.arena.token)
-    except (OSError, ValueError):
-        return None
 
 
 def _ser(m: object) -> bytes:

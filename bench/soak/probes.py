@@ -24,7 +24,7 @@ def unauthenticated_probe(address: str, token: str) -> tuple[int, int]:
     calls = [("Lookup", pb.LookupRequest(keys=[b"k" * 16])), ("Stats", pb.StatsRequest()),
              ("Delete", pb.DeleteRequest(keys=[b"k" * 16])), ("OpenStream", pb.OpenStreamRequest()),
              ("TraceStart", pb.TraceStartRequest()), ("TraceStop", pb.TraceStopRequest()),
-             ("AttachShm", pb.AttachShmRequest(name="tierkv-00000000", size=8192, token=b"x" * 16)),
+             ("AttachShm", pb.AttachShmRequest(size=8192)),
              ("DetachShm", pb.DetachShmRequest(session="x")), ("ReleaseLease", pb.ReleaseLeaseRequest(session="x")),
              ("GetShm", pb.GetRequest(keys=[b"k" * 16], shm_session="x"))]  # fmt: skip
     sent = served = 0

@@ -6,7 +6,7 @@ of several tenants while a schedule SIGKILLs and restarts the daemon, the S3 ser
 What it counts (bench/soak/figures.py computes each figure; bench/run_all.py holds the targets):
 every answer against a cold greedy reference (``wrong_outputs``; an exception or refusal seen by
 a client is a ``client_errors``), faults injected, the growth of RSS, open files, threads and
-/dev/shm of each process after warm-up, calls to the daemon with no or a wrong token that were
+shared-memory segments of each process after warm-up, calls to the daemon with no or a wrong token that were
 served (``unauthenticated_accepted``), another tenant's first request for a tenant's private
 prompt that reported cached tokens (``cross_tenant_hits``), and the fuzzer's cases and crashes
 (bench/soak/fuzz.py, run beside the soak against its own daemon and against replica a's API).

@@ -9,8 +9,8 @@ itself only.
 Why RSS is split (``/proc/PID/status``): ``RssAnon`` is the heap — where a leak shows;
 ``RssFile`` is file pages mapped (lmdb's map of the disk tier: page cache that grows with the
 blocks read, bounded by the file); ``RssShmem`` is shared memory touched (the engines'
-segments, mapped on both sides). ``shm`` counts the bytes of /dev/shm mappings, by inode, so a
-segment mapped by two processes counts once; ``lmdb`` is the part of ``RssFile`` in lmdb maps.
+segments, mapped on both sides). ``shm`` counts the bytes of client segments mapped (memfds named
+``tierkv-seg-*``, and any /dev/shm file), by inode, so a segment mapped by two processes counts once; ``lmdb`` is the part of ``RssFile`` in lmdb maps.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Sample(NamedTuple):
     shmem: int
     fds: int
     threads: int
-    shm: dict[int, int]  # /dev/shm inode -> bytes mapped
+    shm: dict[int, int]  # segment inode -> bytes mapped
     lmdb: int = 0  # bytes of RSS in lmdb maps (*.mdb): the disk tier's pages, part of ``file``
     queued: int = 0  # bytes the process says it holds in transit (the daemon: its spill queue), part of ``anon``
 
@@ -59,7 +59,7 @@ def sample(role: str, pid: int, t: float) -> Sample | None:
     shm: dict[int, int] = {}
     for line in maps.splitlines():
         parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+        if len(parts) == 6 and parts[5].startswith(("/dev/shm/", "/memfd:tierkv-seg-")):
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
             shm[int(parts[4])] = shm.get(int(parts[4]), 0) + hi - lo
     return Sample(t, role, pid, int(stat.rsplit(")", 1)[1].split()[19]), kb.get("VmRSS", 0), kb.get("RssAnon", 0),

@@ -101,7 +101,9 @@ def _copied(c: Any, keys: list[bytes]) -> list[bytes | None]:
 
 def _maps_shm() -> bool:
     """Whether this process maps a client segment (/proc/self/maps): a client in it reads over shared memory."""
-    return "/dev/shm/tierkv-" in Path("/proc/self/maps").read_text()
+    from kvstore.client.shm import SEGMENT_PREFIX
+
+    return f"/memfd:{SEGMENT_PREFIX}" in Path("/proc/self/maps").read_text()
 
 
 def _client_main(address: str, redis_url: str, keys_file: str, rounds: int) -> None:

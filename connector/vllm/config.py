@@ -11,6 +11,12 @@ key                    default    meaning
 kvstore                (required) the daemon's gRPC address, HOST:PORT
 token_file             ""         the daemon's bearer-token file ("" = TIERKV_TOKEN /
                                   TIERKV_TOKEN_FILE / the default token file, kvstore/server/auth.py)
+tenant                 ""         the tenant this vLLM deployment serves (one deployment = one
+                                  tenant): its blocks are tagged with this name, and vLLM's
+                                  per-request cache_salt only sub-divides it. The daemon credential
+                                  (token_file) must list it, else every lookup and save is refused
+                                  (PERMISSION_DENIED: counted, recomputed). "" = legacy: the
+                                  cache_salt alone is the tenant (an admin credential's daemon)
 tls_ca                 ""         CA of the daemon's TLS certificate ("" = TIERKV_TLS_CA or none)
 lookup_deadline_s      0.25       one Lookup on the scheduler's path; past it: recompute
 load_deadline_s        10.0       the most one request's load may take (then: recompute the rest)
@@ -42,6 +48,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kvstore.errors import KVStoreError
+from kvstore.keys import check_tenant_name
 
 
 class ConnectorConfigError(KVStoreError, ValueError):
@@ -55,6 +62,7 @@ LOAD_MODES = ("auto", "always", "never")
 class VLLMConnectorConfig:
     kvstore: str
     token_file: str = ""
+    tenant: str = ""
     tls_ca: str = ""
     lookup_deadline_s: float = 0.25
     load_deadline_s: float = 10.0
@@ -88,6 +96,11 @@ class VLLMConnectorConfig:
             raise ConnectorConfigError(f"sync_load_max_s must be >= 0, got {self.sync_load_max_s!r}")
         if self.retry_after_failure_s < 0:
             raise ConnectorConfigError(f"retry_after_failure_s must be >= 0, got {self.retry_after_failure_s!r}")
+        if self.tenant:
+            try:
+                check_tenant_name(self.tenant, "kv_connector_extra_config 'tenant'")
+            except ValueError as e:
+                raise ConnectorConfigError(str(e)) from None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> VLLMConnectorConfig:

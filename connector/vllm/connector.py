@@ -70,7 +70,7 @@ def key_space(vllm_config: Any, kv_cache_config: Any, cfg: VLLMConnectorConfig) 
     backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
     layout = (f"{device}:{type(spec).__name__}:{spec.num_kv_heads}x{spec.head_size}:"
               f"{getattr(spec, 'head_size_v', spec.head_size)}:{backend or 'auto'}")  # fmt: skip
-    return VLLMKeySpace(arch, weights, str(spec.dtype), int(spec.block_size), layout)
+    return VLLMKeySpace(arch, weights, str(spec.dtype), int(spec.block_size), layout, tenant=cfg.tenant)
 
 
 def _client(cfg: VLLMConnectorConfig, deadline_s: float, use_shm: bool | None) -> KVStoreClient:

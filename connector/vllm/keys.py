@@ -2,8 +2,11 @@
 in a namespace of everything that changes the KV for the same tokens.
 
 The namespace folds in the model (architecture config and a digest of the weights), vLLM's block
-size, the KV dtype, the device and the per-layer block shape the attention backend uses, and the
-request's ``cache_salt`` (vLLM's per-request salt). So two tenants never compute the same key, two
+size, the KV dtype, the device and the per-layer block shape the attention backend uses, the
+deployment's tenant (``tenant`` in kv_connector_extra_config: the tag of every key, which the daemon
+checks against the connector's credential) and the request's ``cache_salt`` (vLLM's per-request
+salt; with a tenant it only sub-divides the tenant's namespace, without one it is the tenant, as
+before). So two tenants never compute the same key, two
 vLLM replicas of one model with the same settings always do, and a replica with another KV layout
 never reads (or overwrites) blocks it could not use. No Python ``hash()`` anywhere: keys are the
 same in every process and after every restart.
@@ -53,13 +56,16 @@ class VLLMKeySpace:
     """Keys of the full blocks of a token sequence, per ``cache_salt``."""
 
     def __init__(self, arch: Mapping[str, Any], weights: str, kv_dtype: str, block_size: int,
-                 layout: str) -> None:  # fmt: skip
+                 layout: str, tenant: str = "") -> None:  # fmt: skip
         self.block_size = block_size
         self.layout = layout
+        self.tenant = tenant
         arch_json = json.dumps({"arch": dict(arch), "layout": layout}, sort_keys=True, default=str)
         self._base = Namespace(arch=arch_json, weights_digest=weights, kv_dtype=kv_dtype, page_size=block_size)
 
     def namespace(self, salt: str | None) -> Namespace:
+        if self.tenant:
+            return self._base.in_tenant(self.tenant, salt or "")
         return self._base.with_tenant(salt) if salt else self._base
 
     def keys(self, tokens: Sequence[int], salt: str | None, start_parent: BlockKey | None = None,

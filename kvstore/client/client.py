@@ -7,7 +7,8 @@ Errors are typed at this boundary, before any retry decision (as redis-py does):
 UNAVAILABLE becomes KVStoreUnavailable and DEADLINE_EXCEEDED KVStoreTimeout (both retried, so a
 call gives up within roughly ``retry.attempts x deadline_s``, never hangs); a refused request
 raises InvalidRequest / ChecksumError / ResourceExhausted with the daemon's message, a missing or
-wrong token AuthError (not retried; credentials: kvstore/server/auth.py ClientAuth); a lost
+wrong token AuthError, a key outside this credential's tenants PermissionDenied (neither retried;
+credentials: kvstore/server/auth.py ClientAuth, kvstore/server/credentials.py); a lost
 shared-memory session (ShmSessionLost) is re-attached and retried here.
 
 One read path per transport: ``read_batches`` (a Get, over shared memory, the raw TCP channel or
@@ -15,10 +16,15 @@ gRPC streaming, whichever this client has) hands each round's blocks to a sink, 
 during the call; ``get_blocks`` decodes what it read. A ``lookup(in_place=True)`` locates blocks in
 the daemon's cpu arena and ``in_place_views`` reads them there with no Get.
 
+Attaching a segment (kvstore/client/shm_link.py): AttachShm gives a ticket and the daemon's unix
+socket; the segment's fd goes over that socket, and the connection stays open for as long as the
+segment is used: the daemon reclaims the segment when it closes, whatever ends this process.
+
 Zero-copy reads (``use_arena=None`` = when the daemon offers it): once attached, the client maps
-the daemon's cpu-tier arena read-only (kvstore/client/shm.py ArenaMap), and ``read_batches`` hands
-out views of it for blocks held there, pinned by a lease that is released (without waiting) once
-the sink returns.
+the daemon's cpu-tier arena read-only from the fd the daemon passed (kvstore/client/shm.py
+ArenaMap; only a client allowed to read every block gets it), and ``read_batches`` hands out
+views of it for blocks held there, pinned by a lease that is released (without waiting) once the
+sink returns.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import TypeVar
 import grpc
 
 from kvstore.block import Block, decode_block
-from kvstore.client import transfer
+from kvstore.client import shm_link, transfer
 from kvstore.client.retry import Retry
 from kvstore.client.shm import ArenaMap, Handle, ShmPool, ShmSegment
 from kvstore.client.stream_client import StreamChannel
@@ -42,6 +48,7 @@ from kvstore.errors import (
     KVStoreError,
     KVStoreTimeout,
     KVStoreUnavailable,
+    PermissionDenied,
     ResourceExhausted,
     ShmSessionLost,
 )
@@ -61,6 +68,8 @@ def translate(e: grpc.RpcError) -> KVStoreError:
     code, msg = e.code(), e.details() or ""
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return AuthError(f"daemon refused the call: {msg}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(msg)
     if code == grpc.StatusCode.UNAVAILABLE:
         return KVStoreUnavailable(f"daemon unavailable: {msg}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -116,6 +125,7 @@ class KVStoreClient:
         self._shm_required = use_shm is True
         self._shm = ShmPool(shm_bytes, self._attach, self._detach)
         self._shm.enabled = use_shm is not False
+        self._shm.required = self._shm_required
         self._detaching: set[grpc.Future] = set()
         self._stream_required = use_stream is True
         self._stream = StreamChannel(address.rpartition(":")[0], self._open_stream, max_block_bytes)
@@ -140,32 +150,52 @@ class KVStoreClient:
         return self.retry.call(once, retry_on=RETRY_ON)
 
     def _attach(self, seg: ShmSegment) -> str | None:
-        req = pb.AttachShmRequest(name=seg.name, size=seg.size, token=seg.token, pid=os.getpid())
+        """Hand ``seg`` to the daemon: its session id, or None when the daemon cannot take it
+        (disabled, at its bound, another host: its socket is not reachable from here)."""
+        assert seg.fd is not None
+        want_arena = self._arena_use is not False
+        req = pb.AttachShmRequest(size=seg.size, arena=want_arena, by_fd=True)
         resp = self._stub.AttachShm(req, timeout=self.deadline_s)
-        if not resp.ok and self._shm_required:
-            raise KVStoreError(f"shared memory refused by the daemon: {resp.reason}")
-        if resp.ok and self._arena_use is not False:
-            self._map_arena(resp.arena if resp.HasField("arena") else None)
-        return resp.session if resp.ok else None
+        if not resp.ok:
+            return self._refused(resp.reason)
+        try:
+            link, welcome, arena_fd = shm_link.join(resp.socket, resp.ticket, seg.fd, seg.size, self.deadline_s)
+        except (OSError, ValueError) as e:  # another host or mount namespace: no such socket here
+            return self._refused(f"cannot hand the segment over on {resp.socket}: {e}")
+        if not welcome.ok:
+            link.close()
+            return self._refused(welcome.reason)
+        seg.link = link
+        if want_arena:
+            self._map_arena(arena_fd, welcome.arena_size, welcome.arena_token)
+        elif arena_fd is not None:
+            os.close(arena_fd)
+        return welcome.session
 
-    def _map_arena(self, info: pb.ArenaInfo | None) -> None:
-        """Map the arena the daemon described (once per arena; a restarted daemon has a new one)."""
-        if info is not None and self._arena is not None and self._arena.token == info.token:
+    def _refused(self, reason: str) -> None:
+        if self._shm_required:
+            raise KVStoreError(f"shared memory refused by the daemon: {reason}")
+        log.debug("shared memory refused by the daemon (%s): streaming", reason)
+        return None
+
+    def _map_arena(self, fd: int | None, size: int, token: bytes) -> None:
+        """Map the arena the daemon passed (once per arena; a restarted daemon has a new one)."""
+        if fd is not None and self._arena is not None and self._arena.token == token:
+            os.close(fd)
             return
         old, self._arena = self._arena, None
         if old is not None:
             old.close()
-        if info is None:
+        if fd is None:
             if self._arena_use:
                 raise KVStoreError("the daemon offers no arena to read in place")
             return
         try:
-            self._arena = ArenaMap(info.pid, info.fd, info.size, info.token)
-        except (OSError, ValueError) as e:  # another PID namespace or user: the daemon copies instead
+            self._arena = ArenaMap(fd, size, token)
+        except (OSError, ValueError) as e:  # not the arena it described: the daemon copies instead
             if self._arena_use:
                 raise KVStoreError(f"cannot map the daemon's arena: {e}") from None
             log.debug("reading without the daemon's arena (%s)", e)
-
 
     def _detach(self, session: str) -> None:
         """Ask the daemon to drop a session, without waiting (it may still be busy with it)."""
@@ -190,12 +220,17 @@ class KVStoreClient:
 
     def _with_shm(self, rpc: Callable[[Handle | None], T]) -> T:
         """Run ``rpc`` on a borrowed segment. It goes back to the pool only after a call that
-        completed: after any error the daemon may still be using it, so it is abandoned."""
+        completed, or that the daemon refused by its keys (PERMISSION_DENIED: it checks every key
+        before it touches the session): after any other error the daemon may still be using it,
+        so it is abandoned."""
         handle = _typed(self._shm.acquire)
         if handle is None:
             return rpc(None)
         try:
             out = _typed(lambda: rpc(handle))
+        except PermissionDenied:
+            self._shm.release(handle)
+            raise
         except BaseException as e:
             self._shm.abandon(handle, stale=isinstance(e, ShmSessionLost))
             raise

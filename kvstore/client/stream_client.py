@@ -16,14 +16,22 @@ import threading
 import time
 from collections.abc import Callable
 
-from kvstore.errors import InvalidRequest, KVStoreError, KVStoreTimeout, KVStoreUnavailable, ResourceExhausted
+from kvstore.errors import (
+    InvalidRequest,
+    KVStoreError,
+    KVStoreTimeout,
+    KVStoreUnavailable,
+    PermissionDenied,
+    ResourceExhausted,
+)
 from kvstore.server import stream_wire as w
 
 log = logging.getLogger(__name__)
 #: () -> (port, token), or None when the daemon refuses a connection now; raises when it has none
 OpenFn = Callable[[], "tuple[int, bytes] | None"]
 Sink = Callable[[int, memoryview], None]
-_ERRORS = {w.ERR_INVALID: InvalidRequest, w.ERR_UNAVAILABLE: KVStoreUnavailable, w.ERR_EXHAUSTED: ResourceExhausted}
+_ERRORS = {w.ERR_INVALID: InvalidRequest, w.ERR_UNAVAILABLE: KVStoreUnavailable, w.ERR_EXHAUSTED: ResourceExhausted,
+           w.ERR_DENIED: PermissionDenied}
 
 
 class StreamChannel:

@@ -72,6 +72,16 @@ OPTIONS: tuple[Option, ...] = (
            switch=True),
     Option("--redis-capacity", "TIERKV_REDIS_CAPACITY", "bytes this node may write to the redis tier", "4Gi",
            ("tiers", "redis", "capacity_bytes")),
+    Option("--redis-password-file", "TIERKV_REDIS_PASSWORD_FILE", "file holding the Redis password (AUTH), so "
+           "that it is in no url", "none", ("tiers", "redis", "password_file")),
+    Option("--redis-tls-ca", "TIERKV_REDIS_TLS_CA", "PEM CA of a rediss:// server's certificate", "the system's CAs",
+           ("tiers", "redis", "tls_ca")),
+    Option("--s3-access-key-id-file", "TIERKV_S3_ACCESS_KEY_ID_FILE", "file holding the S3 access key id",
+           "$AWS_ACCESS_KEY_ID", ("tiers", "s3", "access_key_id_file")),
+    Option("--s3-secret-access-key-file", "TIERKV_S3_SECRET_ACCESS_KEY_FILE", "file holding the S3 secret key",
+           "$AWS_SECRET_ACCESS_KEY", ("tiers", "s3", "secret_access_key_file")),
+    Option("--s3-tls-ca", "TIERKV_S3_TLS_CA", "PEM CA bundle of an https S3 endpoint", "botocore's bundle",
+           ("tiers", "s3", "tls_ca")),
     Option("--eviction", "TIERKV_EVICTION", "eviction policy of every tier (lru, s3fifo, arc)", "lru",
            ("tiers", "*", "eviction")),
     _scalar("--listen", "listen", "HOST:PORT to serve gRPC on", "127.0.0.1:50551"),
@@ -79,6 +89,8 @@ OPTIONS: tuple[Option, ...] = (
     _scalar("--metrics-listen", "metrics_listen", "serve Prometheus /metrics on HOST:PORT (e.g. 0.0.0.0:9400)",
             "off"),
     _scalar("--shm-max-bytes", "shm_max_bytes", "shared memory all clients may map", "4Gi"),
+    _scalar("--shm-socket", "shm_socket", "unix socket same-host clients hand their shared-memory segments over "
+            "on (clients must see it at the same path)", "<runtime dir>/shm-<port>.sock"),
     _scalar("--stats-interval", "stats_interval_s", "log a one-line stats summary every N seconds (0 = off)", "60"),
     _scalar("--tenant-quota", "tenant_quota_bytes", "bytes each tenant may hold in the top tier, e.g. 512Mi; a "
             "tenant over it has its own oldest blocks spilled down (0 = no quota)", "0"),
@@ -91,6 +103,9 @@ OPTIONS: tuple[Option, ...] = (
     _scalar("--stream-port", "stream_port", "port of the raw TCP Get channel", "0 = any free port"),
     _scalar("--token-file", "token_file", "file holding the bearer token clients must send, created 0600 when "
             "missing; or the token itself in TIERKV_TOKEN", "$TIERKV_CACHE_DIR or $XDG_RUNTIME_DIR/tierkv, /token"),
+    _scalar("--credentials-file", "credentials_file", "YAML file of credentials: each token (or token_file) with "
+            "the tenants it may read and write, or admin: true (kvstore/server/credentials.py); replaces the one "
+            "token", "none: the one token is an admin credential"),
     _scalar("--no-auth", "auth", "accept calls without a token: UNSAFE beyond loopback (anyone reaching the port "
             "reads and writes the cache)", "auth on", switch=False),
     _scalar("--tls-cert", "tls_cert", "PEM certificate: serve gRPC over TLS (with --tls-key)", "plaintext"),
@@ -98,13 +113,21 @@ OPTIONS: tuple[Option, ...] = (
     _scalar("--tls-client-ca", "tls_client_ca", "PEM CA: require client certificates it signed (mutual TLS)", "none"),
     _scalar("--traces-dir", "traces_dir", "the only directory `kvstore trace start` may write trace files in",
             "$TIERKV_CACHE_DIR/traces"),
+    _scalar("--mac-secret-file", "mac_secret_file", "file holding the secret that signs every block written to "
+            "Redis or S3: every daemon sharing those tiers needs the same one (only the default file is created, "
+            "0600, when missing)", "$TIERKV_CACHE_DIR or $XDG_RUNTIME_DIR/tierkv, /mac_secret"),
+    _scalar("--mac-previous-secret-files", "mac_previous_secret_files", "comma-separated files of earlier secrets: "
+            "blocks they signed are still accepted, none is signed with them (rotation)", "none"),
 )
 CONFIG_ENV = "TIERKV_CONFIG"
 _METAVARS = {"--cpu": "SIZE", "--disk": "PATH[:SIZE]", "--s3": "URL", "--s3-endpoint": "URL", "--s3-capacity": "SIZE",
              "--s3-admit-hits": "N", "--redis": "URL", "--redis-capacity": "SIZE", "--eviction": "POLICY",
              "--listen": "HOST:PORT", "--metrics-port": "PORT", "--metrics-listen": "HOST:PORT",
-             "--shm-max-bytes": "SIZE", "--stats-interval": "SECONDS", "--tenant-quota": "SIZE", "--stream-port": "PORT",
-             "--token-file": "FILE", "--tls-cert": "FILE", "--tls-key": "FILE", "--tls-client-ca": "FILE", "--traces-dir": "DIR"}
+             "--shm-max-bytes": "SIZE", "--shm-socket": "PATH", "--stats-interval": "SECONDS", "--tenant-quota": "SIZE",
+             "--stream-port": "PORT", "--token-file": "FILE", "--credentials-file": "FILE", "--tls-cert": "FILE",
+             "--tls-key": "FILE", "--tls-client-ca": "FILE", "--redis-password-file": "FILE", "--redis-tls-ca": "FILE",
+             "--s3-access-key-id-file": "FILE", "--s3-secret-access-key-file": "FILE", "--s3-tls-ca": "FILE",
+             "--mac-secret-file": "FILE", "--mac-previous-secret-files": "FILES", "--traces-dir": "DIR"}
 
 
 def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -64,6 +64,11 @@ class TierConfig:
     region: str = ""
     access_key_id: str = field(default="", repr=False)
     secret_access_key: str = field(default="", repr=False)
+    # secrets as files (kvstore/config/tier_secrets.py): read at start, never shown
+    password_file: str = ""  # redis: the server's password (AUTH), kept out of the url
+    access_key_id_file: str = ""  # s3: the keys, instead of access_key_id / secret_access_key
+    secret_access_key_file: str = ""
+    tls_ca: str = ""  # redis: CA of a rediss:// server's certificate; s3: CA bundle of an https endpoint
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -84,6 +89,9 @@ class TierConfig:
 
         if self.eviction.lower().replace("-", "").replace("_", "") not in EVICTION_POLICIES:
             raise ConfigError(f"{self.kind}: unknown eviction policy {self.eviction!r}")
+        from kvstore.config import tier_secrets
+
+        tier_secrets.validate_tier(self)
 
     def __repr__(self) -> str:
         """Fields that differ from their defaults; the URL's password masked, S3 keys left out."""
@@ -133,18 +141,22 @@ class StoreConfig:
     shm_arena: bool = True  # ... and let clients map the cpu tier read-only: its Gets then copy nothing here
     grace_s: float = 30.0  # SIGTERM: time to finish in-flight calls and spills
     shm_max_bytes: int = 4 * 1024**3  # shared memory all clients' segments may map; past it clients stream
+    shm_socket: str = ""  # unix socket clients hand their segments over on ("" = <runtime dir>/shm-<port>.sock)
     stream: bool = True  # serve Gets without shared memory on a raw TCP side channel (kvstore/server/stream_server.py)
     stream_port: int = 0  # the side channel's port (0 = any free one; fix it to publish it from a container)
     stream_max_conns: int = 16  # side-channel connections (and unused tokens) at once; past it: gRPC streaming
     auth: bool = True  # require a bearer token on every gRPC call but health (kvstore/server/auth.py)
     token: str = field(default="", repr=False)  # TIERKV_TOKEN; "" = token_file
     token_file: str = ""  # "" = <runtime dir>/token, created 0600 when missing
+    credentials_file: str = ""  # YAML: tokens -> tenants, admin (kvstore/server/credentials.py); "" = the one token is admin
     tls_cert: str = ""  # PEM files: serve gRPC over TLS ...
     tls_key: str = ""
     tls_client_ca: str = ""  # ... and require client certificates signed by this CA (mutual TLS)
     min_block_bytes: int = 4 * 1024  # no KV page is smaller (16 tokens x 1 layer x K,V x 64 dims x fp16): a tier below it is refused
     stats_interval_s: float = 60.0  # log a one-line stats summary this often (0 = never)
     tenant_quota_bytes: int = 0  # bytes each tenant may hold in the top tier; over it, its own oldest spill (0 = off)
+    mac_secret_file: str = ""  # signs every block written to redis/s3; "" = <runtime dir>/mac_secret, created 0600
+    mac_previous_secret_files: str = ""  # comma-separated: earlier secrets, still accepted, never signing (rotation)
     # -- limits on what clients and tiers may hold or cost: each one bounded (#22)
     tier_error_window: int = 20  # the circuit breaker's error rate is taken over a tier's last N calls ...
     tier_error_rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
@@ -193,6 +205,8 @@ class StoreConfig:
             raise ConfigError(f"stream_max_conns must be >= 1, got {self.stream_max_conns}")
         if self.shm_max_bytes <= 0:
             raise ConfigError(f"shm_max_bytes must be > 0, got {self.shm_max_bytes}")
+        if self.shm_socket and not self.shm_socket.startswith("/"):
+            raise ConfigError(f"shm_socket must be an absolute path, got {self.shm_socket!r}")
         if self.chunk_bytes + 64 * 1024 > self.max_message_bytes:
             raise ConfigError("chunk_bytes must leave room under max_message_bytes")
         if self.max_block_bytes > self.max_batch_bytes or self.workers < 1 or self.spill_queue_bytes <= 0:

@@ -237,40 +237,48 @@ class StatsResponse(_message.Message):
     def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pending_blocks: _Optional[int] = ..., pending_bytes: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
 
 class AttachShmRequest(_message.Message):
-    __slots__ = ("name", "size", "token", "pid")
-    NAME_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("size", "arena", "by_fd")
     SIZE_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
-    PID_FIELD_NUMBER: _ClassVar[int]
-    name: str
+    ARENA_FIELD_NUMBER: _ClassVar[int]
+    BY_FD_FIELD_NUMBER: _ClassVar[int]
     size: int
-    token: bytes
-    pid: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., token: _Optional[bytes] = ..., pid: _Optional[int] = ...) -> None: ...
+    arena: bool
+    by_fd: bool
+    def __init__(self, size: _Optional[int] = ..., arena: _Optional[bool] = ..., by_fd: _Optional[bool] = ...) -> None: ...
 
 class AttachShmResponse(_message.Message):
-    __slots__ = ("ok", "session", "reason", "arena")
+    __slots__ = ("ok", "reason", "ticket", "socket")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    reason: str
+    ticket: bytes
+    socket: str
+    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ..., ticket: _Optional[bytes] = ..., socket: _Optional[str] = ...) -> None: ...
+
+class ShmHello(_message.Message):
+    __slots__ = ("ticket", "size")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    size: int
+    def __init__(self, ticket: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
+
+class ShmWelcome(_message.Message):
+    __slots__ = ("ok", "session", "reason", "arena_size", "arena_token")
     OK_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
-    ARENA_FIELD_NUMBER: _ClassVar[int]
+    ARENA_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ARENA_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     session: str
     reason: str
-    arena: ArenaInfo
-    def __init__(self, ok: _Optional[bool] = ..., session: _Optional[str] = ..., reason: _Optional[str] = ..., arena: _Optional[_Union[ArenaInfo, _Mapping]] = ...) -> None: ...
-
-class ArenaInfo(_message.Message):
-    __slots__ = ("pid", "fd", "size", "token")
-    PID_FIELD_NUMBER: _ClassVar[int]
-    FD_FIELD_NUMBER: _ClassVar[int]
-    SIZE_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
-    pid: int
-    fd: int
-    size: int
-    token: bytes
-    def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., size: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+    arena_size: int
+    arena_token: bytes
+    def __init__(self, ok: _Optional[bool] = ..., session: _Optional[str] = ..., reason: _Optional[str] = ..., arena_size: _Optional[int] = ..., arena_token: _Optional[bytes] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
     __slots__ = ("session", "leases")

@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class KVStoreStub:
-    """Missing associated documentation comment in .proto file."""
+    """Every call that names keys checks each against the caller's credential first: one key outside
+    it fails the call with PERMISSION_DENIED, and nothing is read, stored or deleted.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -97,7 +99,9 @@ class KVStoreStub:
 
 
 class KVStoreServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Every call that names keys checks each against the caller's credential first: one key outside
+    it fails the call with PERMISSION_DENIED, and nothing is read, stored or deleted.
+    """
 
     def Lookup(self, request, context):
         """How many of the keys form a contiguous present prefix, and the tier of each.
@@ -142,7 +146,9 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AttachShm(self, request, context):
-        """Same-host handshake: the server maps the client's segment if it can see it.
+        """Same-host handshake: a ticket for the daemon's unix socket, where the segment's fd goes. The
+        session belongs to this call's credential (no other token can use it); the cpu arena's fd comes
+        with it only for a credential that may read every key (admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -255,7 +261,9 @@ def add_KVStoreServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class KVStore:
-    """Missing associated documentation comment in .proto file."""
+    """Every call that names keys checks each against the caller's credential first: one key outside
+    it fails the call with PERMISSION_DENIED, and nothing is read, stored or deleted.
+    """
 
     @staticmethod
     def Lookup(request,

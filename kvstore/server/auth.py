@@ -1,10 +1,13 @@
 """Who may call the daemon: a bearer token on every gRPC call, optionally over (mutual) TLS.
 
 Server side: ``AuthInterceptor`` checks ``authorization: Bearer <token>`` before any handler
-runs; a missing or wrong token is answered UNAUTHENTICATED, counted, and the handler is never
+runs; a missing or unknown token is answered UNAUTHENTICATED, counted, and the handler is never
 invoked. ``grpc.health.v1.Health`` is exempt: it says SERVING or not and nothing else, and
-Kubernetes gRPC probes cannot send metadata. The raw TCP Get channel needs no rule of its own:
-its single-use tokens come from the ``OpenStream`` call, which is authenticated like any other.
+Kubernetes gRPC probes cannot send metadata. Which keys an authenticated call may touch is its
+credential's (kvstore/server/credentials.py: a credentials file maps tokens to tenants, checked on
+every key by the servicer and the raw Get channel, whose single-use tokens are bound to the
+credential of the ``OpenStream`` call that issued them). Without a credentials file the one token
+below is an admin credential.
 
 Where the token comes from, daemon and client alike (first found wins): ``TIERKV_TOKEN``, the
 file ``TIERKV_TOKEN_FILE`` / ``--token-file``, else the default file ``<runtime dir>/token``
@@ -15,7 +18,6 @@ one machine agree with no flag; a remote engine is given the token by env or fil
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import secrets
@@ -27,6 +29,7 @@ from typing import Any, NamedTuple
 import grpc
 
 from kvstore.errors import KVStoreError
+from kvstore.server.credentials import Access, CredentialTable, bearer, load_credentials
 from tiers.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,13 @@ def validate(cfg: Any) -> None:
     """Auth/TLS fields of a StoreConfig: one clear line per mistake."""
     if cfg.token:
         check_token(cfg.token, "TIERKV_TOKEN/config")
+    if cfg.credentials_file:
+        if not cfg.auth:
+            raise ConfigError("credentials_file needs auth: drop --no-auth (TIERKV_AUTH=false)")
+        if cfg.token or cfg.token_file:
+            raise ConfigError("credentials_file lists every token: put the admin token in it (admin: true) and unset "
+                              "token/token_file (TIERKV_TOKEN, TIERKV_TOKEN_FILE, --token-file)")
+        load_credentials(cfg.credentials_file)
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise ConfigError("tls_cert and tls_key go together (--tls-cert and --tls-key)")
     if cfg.tls_client_ca and not cfg.tls_cert:
@@ -115,6 +125,10 @@ def describe(cfg: Any) -> list[str]:
     """--check-config lines; the token's value never appears."""
     if not cfg.auth:
         lines = ["auth: OFF (--no-auth): anyone who reaches the port reads and writes the cache"]
+    elif cfg.credentials_file:
+        table = load_credentials(cfg.credentials_file)
+        lines = [f"auth: {len(table)} credentials in {cfg.credentials_file} (tokens hidden), tenants: "
+                 f"{', '.join(table.tenants) or 'none (admin only)'}"]
     elif cfg.token:
         lines = ["auth: bearer token from TIERKV_TOKEN/config (value hidden)"]
     else:
@@ -135,6 +149,15 @@ def server_token(cfg: Any) -> str | None:
     return ensure_token_file(cfg.token_file or default_token_file())
 
 
+def server_access(cfg: Any) -> Access:
+    """Who may call: the credentials file's table, else the one token as an admin, else (auth off) anyone."""
+    if not cfg.auth:
+        return Access(None)
+    if cfg.credentials_file:
+        return Access(load_credentials(cfg.credentials_file))
+    return Access(CredentialTable.single(server_token(cfg)))  # type: ignore[arg-type]
+
+
 def server_credentials(cfg: Any) -> grpc.ServerCredentials | None:
     if not cfg.tls_cert:
         return None
@@ -145,16 +168,14 @@ def server_credentials(cfg: Any) -> grpc.ServerCredentials | None:
 
 # -- server: the check before every handler -------------------------------------------------
 class AuthInterceptor(grpc.ServerInterceptor):
-    def __init__(self, token: str, refused: Callable[[str], None]) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, access: Access, refused: Callable[[str], None]) -> None:
+        self._access = access
         self._refused = refused
 
     def _fault(self, metadata: Any) -> str | None:
-        values = [v for k, v in (metadata or ()) if k == "authorization"]
-        if not values:
+        if bearer(metadata) is None:
             return "missing"
-        given = values[0].encode() if isinstance(values[0], str) else bytes(values[0])
-        return None if hmac.compare_digest(given, self._expected) else "wrong"
+        return None if self._access.caller(metadata) is not None else "wrong"
 
     def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         if details.method.startswith(HEALTH_PREFIX):

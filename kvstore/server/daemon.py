@@ -8,6 +8,8 @@ RESOURCE_EXHAUSTED), keepalive and idle limits on connections (``grpc_options``)
 bounded in number and time (kvstore/server/put_streams.py), keys per call, health Watch streams
 (kvstore/server/health.py), and timeouts on the metrics port (kvstore/server/metrics.py).
 
+SIGHUP reloads the credentials file (kvstore/server/credentials.py), if there is one.
+
 Shutdown order on SIGTERM/SIGINT matters: mark health NOT_SERVING (load balancers stop
 routing), stop accepting new calls while in-flight ones get ``grace_s`` to finish, then
 ``store.close()`` waits for queued spills to land on disk before tiers are closed — a block
@@ -35,6 +37,7 @@ from kvstore.server.health import DaemonHealth
 from kvstore.server.malformed_requests import MalformedRequests
 from kvstore.server.metrics import StoreMetrics
 from kvstore.server.servicer import KVStoreServicer
+from kvstore.server.shm_listener import ShmListener
 from kvstore.server.shm_sessions import ShmSessions
 from kvstore.server.stream_server import StreamServer
 from kvstore.store.tier_factory import build_store
@@ -83,7 +86,7 @@ class Daemon:
         self.metrics.routes.update(self.dashboard.routes())
         self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
         try:
-            token, creds = auth.server_token(cfg), auth.server_credentials(cfg)
+            self.access, creds = auth.server_access(cfg), auth.server_credentials(cfg)
         except BaseException:
             self.store.close(flush=False)
             raise
@@ -94,16 +97,17 @@ class Daemon:
                         if cfg.stream and creds is None else None)  # fmt: skip
         # SERVING even with a tier detached; Watch bounded (see kvstore/server/health.py)
         self.health = DaemonHealth(self.store, max_watches=cfg.health_max_watches)
-        checks = [auth.AuthInterceptor(token, self.metrics.auth_refused)] if token is not None else []
+        on = self.access.table is not None
+        checks = [auth.AuthInterceptor(self.access, self.metrics.auth_refused)] if on else []
         checks.append(MalformedRequests())  # inside the auth check: bytes that are no message -> INVALID_ARGUMENT
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
                                   interceptors=checks, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
-        self.servicer = servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams)
+        self.servicer = servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams, access=self.access)
         self.dashboard.curves = LatestCurves()  # the last trace's curve on /dashboard
         servicer.on_trace_written = self.dashboard.curves.update
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        if token is None and not cfg.listen.startswith(("127.", "localhost:", "[::1]:")):
+        if not on and not cfg.listen.startswith(("127.", "localhost:", "[::1]:")):
             log.warning("--no-auth on %s: any caller that reaches this port reads and writes the cache", cfg.listen)
         if creds is None:
             self.port = self.server.add_insecure_port(cfg.listen)
@@ -114,9 +118,28 @@ class Daemon:
                 self.streams.close()
             self.store.close(flush=False)
             raise ConfigError(f"cannot listen on {cfg.listen}")
+        self.shm_listener = self._shm_listener(cfg, servicer)
         self.metrics_port = 0
         self.stats_log = StatsLogger(self.store.stats, cfg.stats_interval_s)
         self._stopped = threading.Event()
+
+    def _shm_listener(self, cfg: StoreConfig, servicer: KVStoreServicer) -> ShmListener | None:
+        """The unix socket clients hand their segments over on (kvstore/server/shm_listener.py).
+        One configured that cannot be had stops the daemon; the default one only turns shared
+        memory off (logged: clients stream)."""
+        if not cfg.shm:
+            return None
+        path = cfg.shm_socket or str(auth.runtime_dir() / f"shm-{self.port}.sock")
+        try:
+            return ShmListener(self.sessions, path, servicer.arena_share)
+        except ConfigError as e:
+            if cfg.shm_socket:
+                if self.streams is not None:
+                    self.streams.close()
+                self.store.close(flush=False)
+                raise
+            log.warning("%s: shared memory off, clients stream", e)
+            return None
 
     @property
     def address(self) -> str:
@@ -126,7 +149,9 @@ class Daemon:
         self.server.start()
         if self.streams is not None:
             self.streams.start()
-        self.sessions.start()  # reclaims the segments of clients that exited
+        self.sessions.start()  # expires leases
+        if self.shm_listener is not None:
+            self.shm_listener.start()  # ... and this drops the session of a client whose connection closed
         if self.cfg.metrics_listen:
             host, _, port = self.cfg.metrics_listen.rpartition(":")
             self.metrics_port = self.metrics.serve(int(port), addr=host.strip("[]"), timeout_s=self.cfg.metrics_timeout_s)
@@ -135,6 +160,20 @@ class Daemon:
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.stats_log.start()
+
+    def reload_credentials(self) -> bool:
+        """Read the credentials file again (SIGHUP) and switch to it whole; a bad file is logged
+        and the credentials in force stay. Raw-channel connections follow at their next request."""
+        if not self.cfg.credentials_file or self.access.table is None:
+            log.warning("SIGHUP: no credentials file to reload")
+            return False
+        try:
+            table = self.access.reload(self.cfg.credentials_file)
+        except ConfigError as e:
+            log.error("credentials not reloaded, the previous ones stay: %s", e)
+            return False
+        log.info("credentials reloaded: %d credentials, tenants %s", len(table), ", ".join(table.tenants) or "none")
+        return True
 
     def stop(self) -> None:
         if self._stopped.is_set():
@@ -147,6 +186,8 @@ class Daemon:
         if self.streams is not None:
             self.streams.close()
         self.store.close(flush=True)  # in-flight spills land before tiers close
+        if self.shm_listener is not None:
+            self.shm_listener.close()
         self.sessions.close()
         self.metrics.close()
 
@@ -162,12 +203,16 @@ def serve(cfg: StoreConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda signum, frame: reload.set())
     daemon.start()
     host = cfg.metrics_listen.rpartition(":")[0] if cfg.metrics_listen else "127.0.0.1"
     extra = f" metrics {host}:{daemon.metrics_port}" if daemon.metrics_port else ""
     print(f"kvstore listening on {daemon.address}{extra}", flush=True)
     while not stop.wait(1.0):
-        pass
+        if reload.is_set():  # read here, not in the handler: a file read is no work for a signal handler
+            reload.clear()
+            daemon.reload_credentials()
     daemon.stop()
     print("kvstore stopped", flush=True)
     sys.stdout.flush()

@@ -138,8 +138,10 @@ class StoreMetrics:
             registry=self.registry, buckets=_LAT_BUCKETS,
         )  # fmt: skip
         self._corrupt = Counter(
-            "tierkv_tier_corrupt_blocks", "Blocks read from a tier below the top that failed verification "
-            "(reason: checksum, format, key) and were deleted from it", ["tier", "reason"], registry=self.registry,
+            "tierkv_tier_corrupt_blocks", "Blocks read from a tier that failed verification and were deleted "
+            "from it (reason: checksum, format, key; in redis and s3 also unsigned, unknown_secret, mac: the MAC), "
+            "or were refused without being read whole (size: over the largest block)", ["tier", "reason"],
+            registry=self.registry,
         )  # fmt: skip
         self._refused = Counter(
             "tierkv_auth_refused", "gRPC calls refused UNAUTHENTICATED, never served (reason: missing, wrong "

@@ -2,7 +2,10 @@
 
 Trust: a connection is served only after it presents a token issued by the gRPC call
 OpenStream — single use, valid for ``handshake_s`` — so whoever may call the gRPC API (and only
-they) may read here; authentication added to gRPC covers this channel with no change.
+they) may read here. The token is bound to the credential of that call, and every request's keys
+are checked against that credential as it is at the time of the request (a reload that revokes it
+applies at once), as a gRPC Get's are (kvstore/server/credentials.py): one refused key answers the
+request with ERR_DENIED, nothing sent, and closes the connection.
 
 Bounds: at most ``max_conns`` connections and unused tokens together (OpenStream is refused past
 it and the client streams over gRPC instead); a connection that does not authenticate within
@@ -27,9 +30,11 @@ from typing import Any, Protocol
 from kvstore.block import MAX_KEY_LEN
 from kvstore.errors import StoreClosed
 from kvstore.server import stream_wire as w
+from kvstore.server.credentials import ADMIN, Caller
 
 log = logging.getLogger(__name__)
 MAX_KEYS = 65536
+Who = Callable[[], "Caller | None"]  # the credential a token was issued to, as it is now (None: revoked)
 
 
 class _Readable(Protocol):
@@ -52,7 +57,7 @@ class StreamServer:
         self._listener = socket.create_server((host.strip("[]"), port), family=_family(host), backlog=max_conns)
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
-        self._tokens: dict[bytes, float] = {}  # token -> expiry (monotonic)
+        self._tokens: dict[bytes, tuple[float, Who]] = {}  # token -> (expiry (monotonic), whose it is)
         self._conns: set[socket.socket] = set()
         self._closed = False
         self._thread = threading.Thread(target=self._accept_loop, name="kvstore-stream-accept", daemon=True)
@@ -60,15 +65,17 @@ class StreamServer:
     def start(self) -> None:
         self._thread.start()
 
-    def issue(self) -> bytes | None:
-        """A fresh single-use token, or None when connections and tokens are at their limit."""
+    def issue(self, who: Who = lambda: ADMIN) -> bytes | None:
+        """A fresh single-use token for ``who`` (the credential of the OpenStream call, resolved at
+        each request: its connection may read what that credential may now), or None when
+        connections and tokens are at their limit."""
         now = time.monotonic()
         with self._lock:
-            self._tokens = {t: exp for t, exp in self._tokens.items() if exp > now}
+            self._tokens = {t: v for t, v in self._tokens.items() if v[0] > now}
             if self._closed or len(self._tokens) + len(self._conns) >= self.max_conns:
                 return None
             token = os.urandom(w.TOKEN_BYTES)
-            self._tokens[token] = now + self.handshake_s
+            self._tokens[token] = (now + self.handshake_s, who)
             return token
 
     def close(self) -> None:
@@ -109,8 +116,9 @@ class StreamServer:
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._authenticate(conn):
-                while self._serve_one(conn):
+            who = self._authenticate(conn)
+            if who is not None:
+                while self._serve_one(conn, who):
                     pass
         except (OSError, EOFError):
             pass  # the client went away or stalled: nothing to answer
@@ -121,18 +129,20 @@ class StreamServer:
                 self._conns.discard(conn)
             conn.close()
 
-    def _authenticate(self, conn: socket.socket) -> bool:
+    def _authenticate(self, conn: socket.socket) -> Who | None:
+        """The credential the connection's token was issued to; None: no valid token."""
         conn.settimeout(self.handshake_s)
         token = w.recv_exact(conn, w.TOKEN_BYTES)
         now = time.monotonic()
         with self._lock:
             match = next((t for t in self._tokens if hmac.compare_digest(t, token)), None)
-            ok = match is not None and self._tokens.pop(match) > now  # single use, even if late
-        if not ok:
+            grant = self._tokens.pop(match) if match is not None else None  # single use, even if late
+        if grant is None or grant[0] <= now:
             log.warning("stream channel: connection without a valid token refused")
-        return ok
+            return None
+        return grant[1]
 
-    def _serve_one(self, conn: socket.socket) -> bool:
+    def _serve_one(self, conn: socket.socket, who: Who) -> bool:
         """Answer one request; False once the connection should close."""
         conn.settimeout(self.idle_s)
         try:
@@ -144,6 +154,12 @@ class StreamServer:
         conn.settimeout(self.send_s)
         try:
             keys = self._read_keys(conn, head)
+            caller = who()
+            if caller is None:
+                raise _Refused(w.ERR_DENIED, "permission denied: the credential this connection was opened with "
+                                             "is no longer valid")
+            if (why := caller.refusal(keys, write=False)) is not None:  # before any block is sent
+                raise _Refused(w.ERR_DENIED, f"permission denied: {why}")
             for k in keys:
                 if self.store.read(k, lambda mv, conn=conn: self._send_block(conn, mv)) is None:  # type: ignore[misc]
                     conn.sendall(w.FRAME.pack(w.MISS, 0))

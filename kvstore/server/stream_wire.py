@@ -27,6 +27,7 @@ FRAME = struct.Struct("!BQ")  # kind, length of what follows
 
 MISS, FOUND, DONE = 0, 1, 2
 ERR_INVALID, ERR_UNAVAILABLE, ERR_EXHAUSTED, ERR_INTERNAL = 10, 11, 12, 13
+ERR_DENIED = 14  # a key outside the credential the connection's token was issued to
 
 
 def encode_request(keys: list[bytes]) -> bytes:

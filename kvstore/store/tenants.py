@@ -1,25 +1,27 @@
 """Which tenant a block belongs to, and how many bytes each tenant holds in one level.
 
-The daemon never trusts a tenant tag for isolation: tenants are isolated by the hash (the salt is
-in every key's digest, kvstore/keys.py). It reads the tag a key carries only to *account*: bytes
-and blocks per tenant in each tier (the Stats RPC, ``kvstore stats``, /metrics) and the optional
-per-tenant quota of the top tier. A client that forges another tenant's tag can therefore only
-charge that tenant's quota (clients are authenticated engines, kvstore/server/auth.py); it can never
-read that tenant's blocks.
+The tenant of a key is the tag it carries (kvstore/keys.py). With a credentials file the daemon
+checks every key of every call against the caller's credential (kvstore/server/credentials.py,
+which classifies keys with ``tenant_of`` here, so access and accounting agree by construction): a
+tenant's credential touches only keys tagged with its tenants' names, so its bytes are charged to
+its own tenants and the optional per-tenant quota of the top tier holds per tenant whatever salts
+its requests use. Without one (a single admin token, the legacy mode) the tag comes from the
+request's salt and is for accounting only: tenants are then isolated by the hash alone (the salt
+is in every key's digest), and a new salt is a new tenant to the quota.
 
 Because the tag is part of the key, it is known wherever the key is: after a restart (the disk
 tier's index is rebuilt from its keys), and in the shared tiers (Redis keys and S3 object names
 start with it, so an operator can find or delete one tenant's blocks by prefix).
 
 Names: ``default`` (16-byte keys: no salt, or an opaque key), ``shared`` (the operator-declared
-shared namespace), else the tag as 12 hex digits (``tenant_name(tenant_tag(salt))``). Not
-thread-safe: the store holds its lock.
+shared namespace), else the tag as 12 hex digits (``tenant_name(tenant_tag(name or salt))``; the
+Stats RPC shows a configured tenant's name instead). Not thread-safe: the store holds its lock.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import NamedTuple
 
 from kvstore.keys import SHARED_MAGIC, TAG_BYTES, TAGGED_KEY_BYTES, TENANT_MAGIC, tenant_tag
@@ -35,8 +37,13 @@ def tenant_name(tag: bytes) -> str:
 
 
 def name_of_salt(tenant_salt: str) -> str:
-    """The name the daemon shows for a request's ``cache_salt`` ("" = the default namespace)."""
+    """The name the daemon shows for a request's ``cache_salt`` ("" = the default namespace), legacy mode."""
     return tenant_name(tenant_tag(tenant_salt)) if tenant_salt else DEFAULT
+
+
+def name_of_tenant(tenant: str) -> str:
+    """The name ``tenant_of`` gives the keys of a credential's tenant (``default``: untagged keys)."""
+    return DEFAULT if tenant == DEFAULT else tenant_name(tenant_tag(tenant))
 
 
 def tenant_of(key: bytes) -> str:
@@ -119,6 +126,13 @@ class TenantUsage:
         head, tail = rows[: max(limit - 1, 0)], rows[max(limit - 1, 0):]
         return head + [TenantRow(OTHER, sum(r.used_bytes for r in tail), sum(r.blocks for r in tail),
                                  sum(r.quota_spills for r in tail))]
+
+    def rows_of(self, tenants: Collection[str]) -> list[TenantRow]:
+        """The rows of ``tenants`` only (``tenant_of`` names), largest first, never summed with
+        anyone else's: what one tenant's credential may see of this level."""
+        names = [t for t in tenants if t in self._rows or t in self._spills]
+        return sorted((TenantRow(t, *self._rows.get(t, (0, 0)), self._spills.get(t, 0)) for t in names),
+                      key=lambda r: (-r.used_bytes, -r.quota_spills, r.tenant))
 
     def __len__(self) -> int:
         """Tenants holding blocks here."""

@@ -5,21 +5,29 @@ Remote tiers are built without touching their server; the store then probes ever
 that cannot be reached starts detached (the daemon serves, degraded, and attaches it once it
 answers), one that fails for any other reason (refused credentials, a bad URL) raises
 (ConfigError/TierError) instead of being silently dropped.
+
+Redis and S3 tiers are wrapped in a SignedTier (kvstore/store/signed_tier.py): every block
+written there carries the cluster's MAC and every block read back is checked, its secrets read
+here (kvstore/config/tier_secrets.py); their reads are bounded by the largest block plus its MAC.
 """
 
 from __future__ import annotations
 
+from kvstore.config import tier_secrets
 from kvstore.config.store_config import StoreConfig, TierConfig
 from kvstore.store.breaker import BreakerPolicy
 from kvstore.store.observers import Observer
+from kvstore.store.signed_tier import SignedTier
 from kvstore.store.tier_bookkeeping import LevelOptions
 from kvstore.store.tiered_store import TieredStore
 from tiers.base import Tier
+from tiers.mac import TRAILER_BYTES
 
 
-def build_tier(tc: TierConfig, shared_arena: bool = True) -> Tier:
+def build_tier(tc: TierConfig, shared_arena: bool = True, max_value_bytes: int | None = None) -> Tier:
     """``shared_arena``: a cpu tier's arena in a memfd clients may map (else private memory, which
-    gets transparent huge pages where memfds do not)."""
+    gets transparent huge pages where memfds do not); ``max_value_bytes``: the longest value a
+    redis or s3 tier reads (longer ones are refused without being read whole)."""
     if tc.kind == "cpu":
         from tiers.cpu import CpuTier
 
@@ -32,14 +40,17 @@ def build_tier(tc: TierConfig, shared_arena: bool = True) -> Tier:
         from tiers.s3 import S3Tier
 
         bucket, prefix = tc.bucket_prefix
+        access_key, secret_key = tier_secrets.s3_keys(tc)
         return S3Tier(
-            tc.endpoint or None, bucket, tc.capacity_bytes, prefix=prefix,
-            access_key=tc.access_key_id or None, secret_key=tc.secret_access_key or None,
-            region=tc.region or "us-east-1", connect=False,
+            tc.endpoint or None, bucket, tc.capacity_bytes, prefix=prefix, access_key=access_key,
+            secret_key=secret_key, region=tc.region or "us-east-1", connect=False, ca_bundle=tc.tls_ca or None,
+            max_value_bytes=max_value_bytes,
         )  # fmt: skip
     from tiers.redis import RedisTier
 
-    return RedisTier(tc.url, tc.capacity_bytes, cluster=tc.cluster, ttl_s=tc.ttl_s or None, connect=False)
+    return RedisTier(tc.url, tc.capacity_bytes, cluster=tc.cluster, ttl_s=tc.ttl_s or None, connect=False,
+                     password=tier_secrets.redis_password(tc), tls_ca=tc.tls_ca or None,
+                     max_value_bytes=max_value_bytes)  # fmt: skip
 
 
 def level_options(tc: TierConfig) -> LevelOptions:
@@ -50,9 +61,13 @@ def level_options(tc: TierConfig) -> LevelOptions:
 
 def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredStore:
     built: list[tuple[Tier, LevelOptions]] = []
+    mac = tier_secrets.block_mac(cfg) if tier_secrets.signs(cfg) else None
     try:
         for tc in cfg.tiers:
-            built.append((build_tier(tc, cfg.shm and cfg.shm_arena), level_options(tc)))
+            tier = build_tier(tc, cfg.shm and cfg.shm_arena, max_value_bytes=cfg.max_block_bytes + TRAILER_BYTES)
+            if mac is not None and tc.kind in tier_secrets.SIGNED_KINDS:
+                tier = SignedTier(tier, mac, on_reject=observer.corrupt if observer is not None else None)
+            built.append((tier, level_options(tc)))
         return TieredStore(
             built,
             promote_on_hit=cfg.promote_on_hit,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TypeVar
 
 from kvstore.block import block_fault
@@ -263,13 +263,15 @@ class TieredStore:
         """Wait until every spill and write-through queued so far has landed."""
         return self._spill.flush(timeout)
 
-    def stats(self, tenant_rows: int = TENANT_ROWS) -> StoreStats:
-        """Per-tier statistics; per tier, its ``tenant_rows`` largest tenants (the rest summed)."""
+    def stats(self, tenant_rows: int = TENANT_ROWS, only: Collection[str] | None = None) -> StoreStats:
+        """Per-tier statistics; per tier, its ``tenant_rows`` largest tenants (the rest summed), or
+        with ``only`` the rows of those tenants alone (``tenant_of`` names; one credential's view)."""
         with self._lock:
             tiers = [TierStats(name=lv.name, used_bytes=lv.used, capacity_bytes=lv.capacity, blocks=len(lv.index),
                                available=lv.available(), last_error=lv.last_error, **vars(lv.counters))
                      for lv in self.levels]  # fmt: skip
-            tenants = [TenantStats(lv.name, *row) for lv in self.levels for row in lv.tenants.rows(tenant_rows)]
+            tenants = [TenantStats(lv.name, *row) for lv in self.levels
+                       for row in (lv.tenants.rows(tenant_rows) if only is None else lv.tenants.rows_of(only))]
             return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants,
                               self._spill.timeouts)
 

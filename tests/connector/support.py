@@ -4,6 +4,8 @@ Daemons and clients come from tests/fixtures_kvstore.py, engines from tests/fixt
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from connector.connector import KVConnector
@@ -24,6 +26,18 @@ def attach(engine: LLMEngine, address: str, **kw: object) -> KVConnector:
 
 def detach(engine: LLMEngine) -> None:
     detach_tierkv(engine)
+
+
+def flip_in_place(tier, key: bytes, back: int = 100) -> None:
+    """XOR one payload byte of the block an in-process daemon's cpu tier holds (through its zero-copy
+    view): the daemon does not re-verify its top tier, so only the reader can catch it."""
+    view = tier.get(key)
+    arr = np.frombuffer(view, dtype=np.uint8)
+    addr = arr.__array_interface__["data"][0] + len(arr) - back
+    byte = ctypes.c_uint8.from_address(addr)
+    byte.value ^= 0xFF
+    del arr, view
+    assert np.frombuffer(tier.get(key), dtype=np.uint8)[-back] == byte.value  # the tier's bytes changed
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:

@@ -6,16 +6,14 @@ cpu tier's own memory."""
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from connector.state import kv_state
 from kvstore.server.daemon import Daemon
-from tests.connector.support import attach, detach, prompt, run
+from tests.connector.support import attach, detach, flip_in_place, prompt, run
 from tests.fixtures_engine import make_engine
 from tests.fixtures_kvstore import connect, served
 
@@ -24,17 +22,6 @@ from tests.fixtures_kvstore import connect, served
 def inproc_daemon(tmp_path: Path) -> Iterator[Daemon]:
     with served(tmp_path, "--cpu", "64MiB") as d:
         yield d
-
-
-def _flip_in_place(tier, key: bytes, back: int = 100) -> None:
-    """XOR one payload byte of the block the cpu tier holds (through its zero-copy view)."""
-    view = tier.get(key)
-    arr = np.frombuffer(view, dtype=np.uint8)
-    addr = arr.__array_interface__["data"][0] + len(arr) - back
-    byte = ctypes.c_uint8.from_address(addr)
-    byte.value ^= 0xFF
-    del arr, view
-    assert np.frombuffer(tier.get(key), dtype=np.uint8)[-back] == byte.value  # the tier's bytes changed
 
 
 def test_corrupt_block_is_deleted_and_offloaded_again(tiny, inproc_daemon: Daemon) -> None:
@@ -48,7 +35,7 @@ def test_corrupt_block_is_deleted_and_offloaded_again(tiny, inproc_daemon: Daemo
         assert conn.flush(30)
         keys = conn.keyspace.keys(ids, None)
         assert all(k in conn.known for k in keys[:7])
-        _flip_in_place(inproc_daemon.store.levels[0].tier, keys[3])
+        flip_in_place(inproc_daemon.store.levels[0].tier, keys[3])
 
         got = run(eng, ids)
         assert got.cached_tokens == 48  # pages 0-2 intact; page 3 failed its checksum

@@ -15,6 +15,7 @@ S3 every block of A's is stored under A's tag.
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 
@@ -64,7 +65,9 @@ def _stored_under(kind: str, prefix: str, salt: str, request: pytest.FixtureRequ
 
         r = redis.Redis.from_url(request.getfixturevalue("redis_url"))
         try:
-            return sum(1 for _ in r.scan_iter(match=prefix.encode() + tagged + b"*", count=1000))
+            # the tag is raw bytes: escape what a MATCH pattern reads as a glob ([ ] * ? and backslash)
+            pattern = re.sub(rb"([\\[\]*?])", rb"\\\1", prefix.encode() + tagged) + b"*"
+            return sum(1 for _ in r.scan_iter(match=pattern, count=1000))
         finally:
             r.close()
     import boto3

@@ -3,13 +3,12 @@
 No Docker engine or cluster runs here, so every command line in the deployment files is run
 through the real CLI with ``--check-config`` (validate and exit, nothing started), and the
 manifests' structure is checked for what an operator relies on: health checks everywhere, the
-shared-memory path, the node-local daemon address, probes and grace periods.
+node-local daemon address, probes and grace periods.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,11 +25,9 @@ def test_compose_services_and_health() -> None:
     for name, svc in services.items():
         assert "healthcheck" in svc, f"{name} has no health check"
     kv = services["kvstore"]
-    assert kv.get("ipc") == "shareable" and kv.get("shm_size"), "the daemon must expose its /dev/shm"
     assert any(":/var/lib/tierkv" in v for v in kv["volumes"]), "the disk tier needs a volume"
     for name in ("engine-a", "engine-b"):
         svc = services[name]
-        assert svc["ipc"] == "service:kvstore", f"{name} must share the daemon's IPC namespace (shm path)"
         assert "kvstore:50051" in svc["command"]
         assert svc["depends_on"]["kvstore"]["condition"] == "service_healthy"
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
@@ -65,30 +62,38 @@ def test_k8s_daemonset() -> None:
     (ds,) = manifests("DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
-    assert spec["hostIPC"] is True
     (c,) = spec["containers"]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["grpc"]["port"] == 50051, probe
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # exec: kubelet's gRPC probe has no TLS
+        assert c[probe]["exec"]["command"][:4] == ["kvstore", "health", "--address", "localhost:50051"], probe
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
     vols = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert "hostPath" in vols[mounts["/var/lib/tierkv"]], "the disk tier sits on the node's NVMe (hostPath)"
-    assert mounts.get("/dev/shm"), "the shm path needs the host's /dev/shm"
     # the pod is given longer than the daemon's own grace + spill flush (grace_s in the config)
     cm = yaml.safe_load(manifests("ConfigMap")[0]["data"]["kvstore.yaml"])
     assert spec["terminationGracePeriodSeconds"] > cm["grace_s"]
     assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
 
 
+def _node_local_daemon(address: str) -> None:
+    """``address`` is a Service that routes to the daemon pods of the caller's own node only."""
+    host, _, port = address.rpartition(":")
+    (svc,) = manifests("Service", host)
+    (ds,) = manifests("DaemonSet")
+    assert svc["spec"]["internalTrafficPolicy"] == "Local", "an engine must reach its own node's daemon"
+    assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    (grpc_port,) = [p for p in svc["spec"]["ports"] if p["port"] == int(port)]
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert grpc_port["targetPort"] in {p["name"] for p in c["ports"] if p["containerPort"] == 50051}
+
+
 def test_k8s_engine_finds_node_local_daemon() -> None:
     (dep,) = manifests("Deployment", "tierkv-engine")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e for e in c["env"]}
-    var = re.search(r"\$\((\w+)\):50051", " ".join(c["command"])).group(1)
-    assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    _node_local_daemon(c["command"][c["command"].index("--kvstore") + 1])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health", probe
-    (svc,) = manifests("Service")
+    (svc,) = manifests("Service", "tierkv-engine")
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     kust = K8S["kustomization.yaml"][0]
     assert set(kust["resources"]) == set(K8S) - {"kustomization.yaml"}
@@ -98,11 +103,15 @@ def test_k8s_engine_finds_node_local_daemon() -> None:
 def test_k8s_commands_accepted_by_our_cli(kind: str, tmp_path: Path) -> None:
     (obj,) = manifests(kind, {"DaemonSet": None, "Deployment": "tierkv-engine"}[kind])
     (c,) = obj["spec"]["template"]["spec"]["containers"]
-    argv = [a.replace("$(NODE_IP)", "10.0.0.1") for a in c["command"]]
+    argv = [a.replace("$(POD_IP)", "10.0.0.2") for a in c["command"]]
     cfg = yaml.safe_load(manifests("ConfigMap")[0]["data"]["kvstore.yaml"])
     cfg_path = tmp_path / "kvstore.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    argv = [str(cfg_path) if a == "/etc/tierkv/kvstore.yaml" else a for a in argv]
+    argv = [str(cfg_path) if a == "/etc/tierkv/config/kvstore.yaml" else a for a in argv]
+    for i, a in enumerate(argv):  # TLS files are checked for readability: stand-ins for the Secret's
+        if a.startswith("/etc/tierkv/tls/"):
+            (tmp_path / Path(a).name).write_text("stand-in")
+            argv[i] = str(tmp_path / Path(a).name)
     res = check_config(argv, {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
     assert res.returncode == 0, f"{kind}: {' '.join(argv)} rejected:\n{res.stderr[-2000:]}"
 
@@ -125,7 +134,7 @@ def _check_vllm_connector(cfg: dict, address: str) -> None:
 
 def test_compose_vllm_uses_the_daemon_through_our_connector() -> None:
     svc = COMPOSE["services"]["vllm"]
-    assert svc["ipc"] == "service:kvstore" and svc["depends_on"]["kvstore"]["condition"] == "service_healthy"
+    assert svc["depends_on"]["kvstore"]["condition"] == "service_healthy"
     assert "kv-auth:/run/tierkv:ro" in svc["volumes"]
     _check_vllm_connector(_vllm_transfer_config(svc["command"]), "kvstore:50051")
     assert svc["environment"]["HF_HUB_OFFLINE"] == "1"
@@ -135,11 +144,14 @@ def test_k8s_vllm_finds_node_local_daemon() -> None:
     (dep,) = manifests("Deployment", "tierkv-vllm")
     spec = dep["spec"]["template"]["spec"]
     (c,) = spec["containers"]
-    env = {e["name"]: e for e in c["env"]}
-    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
-    _check_vllm_connector(_vllm_transfer_config(c["command"]), "$(NODE_IP):50051")
+    cfg = _vllm_transfer_config(c["command"])
+    _check_vllm_connector(cfg, "tierkv-kvstore:50051")
+    _node_local_daemon(cfg["kv_connector_extra_config"]["kvstore"])
     vols = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert vols[mounts["/run/tierkv"]]["secret"]["secretName"] == "tierkv-auth"
+    sources = {s["secret"]["name"]: s["secret"]["items"] for s in vols[mounts["/run/tierkv"]]["projected"]["sources"]}
+    assert sources["tierkv-auth"] == [{"key": "token", "path": "token"}]
+    assert sources["tierkv-kvstore-tls"] == [{"key": "ca.crt", "path": "ca.crt"}]  # the CA, not the daemon's key
+    assert cfg["kv_connector_extra_config"]["tls_ca"] == "/run/tierkv/ca.crt"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health", probe

@@ -152,9 +152,22 @@ def test_bad_shm_range(daemon: Daemon) -> None:
         _absent(c, k)
 
 
-def test_foreign_segment_refused(daemon: Daemon, tmp_path: Path) -> None:
+def test_impossible_segment_sizes_refused(daemon: Daemon, tmp_path: Path) -> None:
+    """No segment is this small or this large: refused at AttachShm, in one line, no ticket."""
     ch, stub = _raw(daemon)
-    for name in ("../etc/passwd", "tierkv-0123456789abcdef"):
-        r = stub.AttachShm(pb.AttachShmRequest(name=name, size=1 << 20, token=b"x" * 16), timeout=10)
-        assert not r.ok and r.reason
+    for size in (0, HEADER_BYTES, 2**64 - 1):
+        r = stub.AttachShm(pb.AttachShmRequest(size=size, by_fd=True), timeout=10)
+        assert not r.ok and r.reason and "\n" not in r.reason and not r.ticket
+    ch.close()
+
+
+def test_a_client_from_before_the_socket_is_refused_and_streams(daemon: Daemon) -> None:
+    """A client that attached by /dev/shm name (fields 1, 3, 4: reserved now) would take ok=True
+    for a session id it never got, and fail its Puts: it is refused, so it streams."""
+    ch, stub = _raw(daemon)
+    name = b"tierkv-0123456789abcdef"
+    old = (b"\x0a" + bytes([len(name)]) + name + pb.AttachShmRequest(size=1 << 20).SerializeToString()
+           + b"\x1a\x10" + b"x" * 16 + b"\x20\x01")  # name, size, token, pid as such a client sent them
+    r = stub.AttachShm(pb.AttachShmRequest.FromString(old), timeout=10)
+    assert not r.ok and "update the client" in r.reason and not r.ticket
     ch.close()

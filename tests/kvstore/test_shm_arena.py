@@ -1,11 +1,14 @@
 """Gets answered in place from the daemon's cpu arena (tiers/cpu.py, kvstore/server/shm_sessions.py):
 the bytes a client reads there cannot change under it while its lease holds them, leases end
 (released, expired, bounded, dropped with the session), the mapping is read-only and proven by
-its token, blocks held elsewhere still come through the segment, and a client that cannot map
-the arena reads through the copying path."""
+its token, sealed so that nobody (root included) can write or resize it through a reopened
+path, blocks held elsewhere still come through the segment."""
 
 from __future__ import annotations
 
+import fcntl
+import mmap
+import os
 import time
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pytest
 from kvstore.block import encode_block
 from kvstore.client.retry import Retry
 from kvstore.client.shm import ArenaMap, ShmSegment
-from kvstore.errors import KVStoreError, ShmSessionLost
+from kvstore.errors import ShmSessionLost
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.server.shm_sessions import ShmSessions
 from kvstore.store.tier_bookkeeping import LevelOptions
@@ -72,7 +75,8 @@ def test_leases_expire_are_bounded_and_go_with_the_session() -> None:
     sessions = ShmSessions(lease_s=3600, max_leases=2)
     seg = ShmSegment.create(1 << 16)
     try:
-        sid = sessions.attach(seg.name, seg.size, seg.token)
+        assert seg.fd is not None
+        sid = sessions.attach(seg.fd, seg.size, os.getuid())
         with sessions.use(sid) as sess:
             ids = [sessions.lease(sess, [memoryview(b"x")]) for _ in range(3)]
         assert len(set(ids)) == 3 and sessions.leased() == 2  # the oldest went beyond the bound
@@ -94,7 +98,6 @@ def test_leases_expire_are_bounded_and_go_with_the_session() -> None:
     finally:
         sessions.close()
         seg.close()
-        seg.unlink()
     with pytest.raises(ConfigError):
         ShmSessions(lease_s=0)
 
@@ -126,9 +129,7 @@ def test_the_mapping_is_read_only_and_proven_by_its_token() -> None:
         assert view is not None
         offset = tier.arena_offset(view)
         assert offset is not None and offset >= ARENA_HEADER
-        import os
-
-        arena = ArenaMap(os.getpid(), share.fd, share.size, share.token)
+        arena = ArenaMap(os.dup(share.fd), share.size, share.token)
         try:
             assert bytes(arena.view(offset, 5000)) == b"\x07" * 5000
             with pytest.raises(TypeError):
@@ -140,9 +141,9 @@ def test_the_mapping_is_read_only_and_proven_by_its_token() -> None:
         finally:
             arena.close()
         with pytest.raises(ValueError, match="token"):
-            ArenaMap(os.getpid(), share.fd, share.size, b"\0" * 16)
-        with pytest.raises(OSError):
-            ArenaMap(2**22 + 12345, share.fd, share.size, share.token)  # no such process
+            ArenaMap(os.dup(share.fd), share.size, b"\0" * 16)
+        with pytest.raises(ValueError, match="bytes"):
+            ArenaMap(os.dup(share.fd), share.size + 4096, share.token)
         assert tier.arena_offset(memoryview(b"elsewhere")) is None
     finally:
         tier.close()
@@ -173,21 +174,38 @@ def test_blocks_from_a_lower_tier_come_through_the_segment(tmp_path: Path) -> No
         assert got == {0: top_value, 1: lower_value}
 
 
-def test_a_client_that_cannot_map_the_arena_reads_through_the_segment() -> None:
-    """Another PID namespace (or user) cannot open the daemon's arena: the client notices at
-    attach and the daemon copies into its segment, as without the arena."""
-    with inprocess_daemon() as d:
-        info = d.servicer._arena_info
-        d.servicer._arena_info = pb.ArenaInfo(pid=2**22 + 12345, fd=info.fd, size=info.size, token=info.token)
-        key, value = block("far", 3.0)
-        with connect(d, use_shm=True, retry=Retry(attempts=1)) as c:
-            c.put(key, value)
-            got: list[bytes] = []
-            assert c.read_batches([key], each(lambda i, mv: got.append(bytes(mv)))) == [True]
-            assert got == [value] and len(d.sessions) == 1 and not c.arena_active  # through the segment
-        with connect(d, use_shm=True, use_arena=True, retry=Retry(attempts=1)) as c:
-            with pytest.raises(KVStoreError, match="arena"):
-                c.read_batches([key], lambda items: None)
+def test_the_arena_cannot_be_written_or_resized_by_anyone_but_the_tier() -> None:
+    """Clients get a read-only descriptor; the memfd's mode is 0 (no other user reopens it through
+    /proc/<daemon>/fd); and whoever reopens it anyway (root ignores modes) can neither map it
+    writable, write it, nor resize it (a shrink would SIGBUS the daemon): it is sealed. Every page
+    is reserved at start. The tier itself still writes."""
+    tier = CpuTier(1 << 20)
+    try:
+        share = tier.share()
+        assert share is not None
+        assert fcntl.fcntl(share.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        st = os.fstat(share.fd)
+        assert st.st_mode & 0o777 == 0 and st.st_blocks * 512 >= share.size
+        try:
+            rw = os.open(f"/proc/self/fd/{share.fd}", os.O_RDWR)
+        except PermissionError:
+            assert os.getuid() != 0  # mode 0: only root gets this far
+        else:
+            try:
+                with pytest.raises(PermissionError):
+                    mmap.mmap(rw, share.size)  # a writable shared mapping
+                with pytest.raises(PermissionError):
+                    os.pwrite(rw, b"x", ARENA_HEADER)
+                with pytest.raises(PermissionError):
+                    os.ftruncate(rw, 0)
+                with pytest.raises(PermissionError):
+                    os.posix_fallocate(rw, 0, share.size + (1 << 20))
+            finally:
+                os.close(rw)
+        tier.put(b"k" * 16, b"\x05" * 5000)
+        assert bytes(tier.get(b"k" * 16)) == b"\x05" * 5000  # type: ignore[arg-type]
+    finally:
+        tier.close()
 
 
 def test_the_daemon_can_keep_its_arena_private() -> None:
@@ -198,7 +216,7 @@ def test_the_daemon_can_keep_its_arena_private() -> None:
         from kvstore.server.servicer import KVStoreServicer
 
         private = KVStoreServicer(d.store, replace(d.servicer.cfg, shm_arena=False), d.sessions)  # type: ignore[arg-type]
-        assert private.arena is None and private._arena_info is None
+        assert private.arena is None and private.arena_share is None
         assert d.servicer.arena is not None
 
 

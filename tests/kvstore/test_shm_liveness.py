@@ -1,10 +1,12 @@
-"""The daemon's shared memory stays bounded: a dead client's segments are reclaimed, attaches
-beyond the byte bound are refused (the client streams), and a session dropped in the middle of a
-call gives a clean retry with the right bytes."""
+"""The daemon's shared memory stays bounded: a dead client's segments are reclaimed (by its unix
+connection closing, never by a pid it claims, so in its own PID namespace too), attaches beyond
+the byte bound are refused (the client streams), and a session dropped in the middle of a call
+gives a clean retry with the right bytes."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,93 +15,131 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.client.shm import HEADER_BYTES, SHM_DIR, ShmSegment
+from kvstore.client.shm import HEADER_BYTES, ShmSegment
 from kvstore.errors import ShmSessionLost
 from kvstore.server.shm_sessions import ShmSessions
-from tests.fixtures_kvstore import WAIT_S, Daemon, block, connect, each, fetch_one, inprocess_daemon
+from tests.fixtures_kvstore import (
+    WAIT_S,
+    Daemon,
+    block,
+    connect,
+    each,
+    fetch_one,
+    inprocess_daemon,
+    segments_mapped,
+)
 from tiers.errors import ConfigError
 
 SEG = 1 << 20  # client segment data bytes in these tests
+ROOT = Path(__file__).resolve().parents[2]
 
 CLIENT = """
-import sys, time
+import os, sys, time
 from kvstore.client.client import KVStoreClient
-from kvstore.errors import ShmSessionLost
 from tests.fixtures_kvstore import block, fetch_one
 clients = [KVStoreClient(sys.argv[1], use_shm=True, shm_bytes=1 << 20) for _ in range(2)]
 for i, c in enumerate(clients):
     k, v = block(f"dead-{i}", float(i))
     c.put(k, v)
     assert fetch_one(c, k) == v
-print(" ".join(seg.name for c in clients for seg, _ in c._shm._free), flush=True)
+print(os.getpid(), " ".join(seg.name for c in clients for seg, _ in c._shm._free), flush=True)
 time.sleep(600)
 """
 
 
-def _mapped(pid: int, names: list[str]) -> list[str]:
-    """Which of the segments ``names`` process ``pid`` still maps."""
-    maps = Path(f"/proc/{pid}/maps").read_text()
-    return [n for n in names if f"/dev/shm/{n}" in maps]
+def _wait_unmapped(pid: int, names: set[str]) -> set[str]:
+    """The segments of ``names`` daemon ``pid`` still maps once they are gone, or WAIT_S passed."""
+    deadline = time.monotonic() + WAIT_S
+    while segments_mapped(pid) & names and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return segments_mapped(pid) & names
+
+
+def _run_and_kill(d: Daemon, argv: list[str]) -> tuple[int, set[str]]:
+    """Start a client (``argv`` + the script), read (its pid as it sees it, its segments), check
+    the daemon maps them, SIGKILL the client."""
+    assert d.proc is not None
+    client = subprocess.Popen([*argv, sys.executable, "-c", CLIENT, d.address], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    try:
+        assert client.stdout is not None
+        pid, *names = client.stdout.readline().split()
+        assert len(names) == 2 and segments_mapped(d.proc.pid) >= set(names)
+    finally:
+        victims = [client.pid]
+        children = Path(f"/proc/{client.pid}/task/{client.pid}/children")
+        if argv and children.exists():  # unshare --fork: the python inside is its child
+            victims += [int(p) for p in children.read_text().split()]
+        for p in reversed(victims):
+            os.kill(p, signal.SIGKILL)
+        client.wait(timeout=WAIT_S)
+    return int(pid), set(names)
 
 
 def test_killed_client_segments_are_reclaimed(tmp_path: Path) -> None:
     d = Daemon(tmp_path, "--cpu", "16MiB").start()
     try:
+        _, names = _run_and_kill(d, [])
         assert d.proc is not None
-        client = subprocess.Popen([sys.executable, "-c", CLIENT, d.address], stdout=subprocess.PIPE, text=True,
-                                  cwd=Path(__file__).resolve().parents[2])  # fmt: skip
-        try:
-            assert client.stdout is not None
-            names = client.stdout.readline().split()
-            assert len(names) == 2 and _mapped(d.proc.pid, names) == names
-        finally:
-            client.send_signal(signal.SIGKILL)
-            client.wait(timeout=WAIT_S)
-        deadline = time.monotonic() + WAIT_S  # the daemon checks its clients every 2 s
-        while _mapped(d.proc.pid, names) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _mapped(d.proc.pid, names) == [], "a dead client's segments are still mapped by the daemon"
-        assert not [n for n in names if (SHM_DIR / n).exists()]  # and nothing left in /dev/shm
+        assert _wait_unmapped(d.proc.pid, names) == set(), "a dead client's segments are still mapped by the daemon"
     finally:
         d.stop()
 
 
-def _attach(sessions: ShmSessions, pid: int) -> tuple[str, ShmSegment]:
+def _can_unshare_pid() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare_pid(), reason="needs unshare --pid (root): a client in its own PID namespace")
+def test_client_that_is_pid_1_of_its_namespace_is_reclaimed(tmp_path: Path) -> None:
+    """As in the shipped compose and k8s setups: the client is PID 1 of its own PID namespace,
+    a pid that in the daemon's namespace is init, alive forever. Killed, its segments still go:
+    the daemon goes by the connection, which the kernel closes."""
+    d = Daemon(tmp_path, "--cpu", "16MiB").start()
+    try:
+        pid, names = _run_and_kill(d, ["unshare", "--pid", "--fork", "--kill-child"])
+        assert pid == 1, "the client was not PID 1 of its own namespace"
+        assert d.proc is not None
+        assert _wait_unmapped(d.proc.pid, names) == set(), "a dead PID-1 client's segments are still mapped"
+    finally:
+        d.stop()
+
+
+def _attach(sessions: ShmSessions) -> tuple[str, ShmSegment]:
     seg = ShmSegment.create(SEG)
-    try:
-        return sessions.attach(seg.name, seg.size, seg.token, pid), seg
-    finally:
-        seg.unlink()
+    assert seg.fd is not None
+    return sessions.attach(seg.fd, seg.size, os.getuid()), seg
 
 
-def test_dead_pid_is_reaped_at_the_next_attach() -> None:
-    sessions = ShmSessions(reap_interval_s=3600)  # only attach reaps here
-    held: list[ShmSegment] = []
-    try:
-        child = subprocess.Popen(["sleep", "600"])
-        sid, seg = _attach(sessions, child.pid)
-        held.append(seg)
-        child.kill()
-        child.wait()
-        _, seg = _attach(sessions, os.getpid())
-        held.append(seg)
-        assert len(sessions) == 1 and sessions.mapped_bytes == seg.size
-        with pytest.raises(ShmSessionLost, match="attach again"):
-            with sessions.use(sid):
-                pass
-        # a pid reused by another process does not keep a dead client's session: start time differs
-        sid2 = next(iter(sessions._sessions))
-        sessions._sessions[sid2].started += 1
-        assert sessions.reap() == 1 and sessions.mapped_bytes == 0
-    finally:
-        sessions.close()
-        for s in held:
-            s.close()
+def test_the_session_ends_with_its_connection() -> None:
+    """In-process: closing the segment (its link) is enough for the daemon to drop the session,
+    with no RPC; a live connection keeps it."""
+    with inprocess_daemon() as d:
+        c = connect(d, use_shm=True)
+        try:
+            k, v = block("linked", 1.0)
+            c.put(k, v)
+            ((seg, sid),) = c._shm._free
+            with d.sessions.use(sid):
+                pass  # alive
+            seg.close()  # no DetachShm: only the connection ends
+            deadline = time.monotonic() + WAIT_S
+            while (len(d.sessions) or d.sessions.mapped_bytes) and time.monotonic() < deadline:
+                time.sleep(0.02)  # dropped, then unmapped
+            assert len(d.sessions) == 0 and d.sessions.mapped_bytes == 0
+            with pytest.raises(ShmSessionLost):
+                with d.sessions.use(sid):
+                    pass
+        finally:
+            c._shm._free.clear()
+            c.close()
 
 
 def test_dropped_session_stays_mapped_until_its_call_ends() -> None:
     sessions = ShmSessions()
-    sid, seg = _attach(sessions, os.getpid())
+    sid, seg = _attach(sessions)
     try:
         with sessions.use(sid) as sess:
             sessions.detach(sid)  # e.g. the client abandoned it while this call still runs
@@ -145,7 +185,7 @@ def test_session_evicted_mid_get_retries_cleanly() -> None:
 
         def evict(key: bytes) -> None:
             if key == k and not extra:
-                extra.append(_attach(d.sessions, os.getpid())[1])  # evicts the session in use
+                extra.append(_attach(d.sessions)[1])  # evicts the session in use
 
         with connect(d, use_shm=True) as c:
             c.put(k, v)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-import tiers.cpu as cpu
+import tiers.memfd as memfd
 from kvstore.client.shm import ArenaMap
 from kvstore.config.store_config import StoreConfig, TierConfig, load_settings
 from kvstore.server.metrics import StoreMetrics
@@ -35,7 +35,7 @@ def _round_trip(tier: CpuTier) -> None:
     if share is not None:
         offset = tier.arena_offset(view)
         assert offset is not None
-        arena = ArenaMap(os.getpid(), share.fd, share.size, share.token)
+        arena = ArenaMap(os.dup(share.fd), share.size, share.token)
         try:
             assert bytes(arena.view(offset, len(data))) == data
         finally:
@@ -52,7 +52,7 @@ def _free_hugetlb_bytes() -> int:
 
 def test_page_kind_follows_the_kernels_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     modes = {"enabled": "madvise", "shmem_enabled": "never"}  # this VM's: anonymous THP, no shmem THP
-    monkeypatch.setattr(cpu, "_thp_mode", lambda which: modes[which])
+    monkeypatch.setattr(memfd, "_thp_mode", lambda which: modes[which])
     with CpuTier(1 << 20) as shared, CpuTier(1 << 20, shared=False) as private:
         assert shared.share() is not None and shared.page_kind == "4KiB"
         assert private.share() is None and private.page_kind == "thp"
@@ -62,7 +62,7 @@ def test_page_kind_follows_the_kernels_settings(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_real_sysfs_is_read() -> None:
-    mode = cpu._thp_mode("shmem_enabled")
+    mode = memfd._thp_mode("shmem_enabled")
     if not os.path.exists("/sys/kernel/mm/transparent_hugepage/shmem_enabled"):
         assert mode == ""
     else:

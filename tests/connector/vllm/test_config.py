@@ -11,6 +11,7 @@ def test_only_the_daemon_address_is_required() -> None:
     cfg = VLLMConnectorConfig.from_extra({"kvstore": "127.0.0.1:50051"})
     assert cfg.load_mode == "auto" and cfg.save and cfg.use_shm is None
     assert VLLMConnectorConfig.from_extra({"kvstore": "h:1", "load_deadline_s": 3}).load_deadline_s == 3.0
+    assert cfg.tenant == "" and VLLMConnectorConfig.from_extra({"kvstore": "h:1", "tenant": "acme"}).tenant == "acme"
 
 
 @pytest.mark.parametrize(("extra", "names"), [
@@ -24,6 +25,9 @@ def test_only_the_daemon_address_is_required() -> None:
     ({"kvstore": "h:1", "load_mode": "sometimes"}, "load_mode"),
     ({"kvstore": "h:1", "load_deadline_s": 0}, "load_deadline_s"),
     ({"kvstore": "h:1", "retry_after_failure_s": -1}, "retry_after_failure_s"),
+    ({"kvstore": "h:1", "tenant": "acme corp"}, "tenant"),
+    ({"kvstore": "h:1", "tenant": "shared"}, "tenant"),
+    ({"kvstore": "h:1", "tenant": 3}, "tenant"),
 ])  # fmt: skip
 def test_bad_config_is_one_line_naming_the_key(extra: dict, names: str) -> None:
     with pytest.raises(ConnectorConfigError) as e:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from connector.vllm.keys import RequestKeys, VLLMKeySpace, weights_digest
+from kvstore.keys import TENANT_MAGIC, tenant_tag
 
 ARCH = {"model_type": "llama", "num_hidden_layers": 2}
 
@@ -32,6 +33,24 @@ def test_everything_that_changes_the_kv_changes_the_keys() -> None:
     assert not set(space().keys(toks, "tenant-a")) & set(base)
     assert not set(space().keys(toks, "tenant-a")) & set(space().keys(toks, "tenant-b"))
     assert space().keys(toks, "tenant-a") == space().keys(toks, "tenant-a")
+
+
+def test_a_deployments_tenant_tags_every_key_and_salts_stay_inside_it() -> None:
+    """``tenant`` in the extra config: every key carries the tenant's tag (what the daemon checks
+    against the connector's credential), whatever vLLM's per-request cache_salt; the salt still
+    separates requests inside the tenant, and no salt of a legacy deployment computes its keys."""
+    toks = list(range(8))
+    acme = space(tenant="acme")
+    tagged = TENANT_MAGIC + tenant_tag("acme")
+    for salt in (None, "", "s1", "globex"):
+        assert all(k[:8] == tagged for k in acme.keys(toks, salt)), salt
+    assert not set(acme.keys(toks, "s1")) & set(acme.keys(toks, "s2"))
+    assert acme.keys(toks, None) == acme.keys(toks, "")
+    for salt in (None, "acme", "s1"):  # a legacy deployment (no tenant) never computes acme's keys
+        assert not set(space().keys(toks, salt)) & (set(acme.keys(toks, "s1")) | set(acme.keys(toks, None)))
+    assert not set(space(tenant="globex").keys(toks, "s1")) & set(acme.keys(toks, "s1"))
+    rk = RequestKeys(acme, "s1")
+    assert rk.upto(toks, 2) == acme.keys(toks, "s1")
 
 
 def test_request_keys_extend_without_rehashing() -> None:

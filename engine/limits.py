@@ -1,0 +1,103 @@
+"""Bounds on what one API client can ask of the engine, each with a one-line error naming its parameter.
+
+Every input a client controls has a bound, so no single request can cost the others
+(docs/operations.md, "Limits of the engine's API"): how many stop strings and how long (the stop
+checker's work per token grows with them), how many stop token ids, how long a ``cache_salt`` is,
+how many characters a text prompt has before it is tokenised (tokenising costs ~1 s per MiB), and
+how many requests are in flight at once (``InFlight``: past ``max_num_seqs + max_waiting`` a
+request is answered 429 at once instead of joining an unbounded queue). The prompt's length in
+tokens is bounded by the context (engine/scheduler.py ``check_fits``), and so is ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from engine.config import EngineConfig
+from engine.errors import InvalidRequestError, OverloadedError, PromptTooLongError
+
+#: ``max_prompt_chars`` = 0: this many characters per token of context (no real text comes near it:
+#: English runs ~4-5 characters a token)
+PROMPT_CHARS_PER_TOKEN = 16
+
+
+def check_stop(cfg: EngineConfig, stop: Sequence[str], stop_token_ids: Sequence[int]) -> None:
+    if len(stop) > cfg.max_stop_strings:
+        raise InvalidRequestError(f"at most {cfg.max_stop_strings} stop strings are allowed, got {len(stop)}", "stop")
+    longest = max((len(s) for s in stop), default=0)
+    if longest > cfg.max_stop_chars:
+        raise InvalidRequestError(f"a stop string may have at most {cfg.max_stop_chars} characters, got one of "
+                                  f"{longest}", "stop")
+    if len(stop_token_ids) > cfg.max_stop_token_ids:
+        raise InvalidRequestError(f"at most {cfg.max_stop_token_ids} stop_token_ids are allowed, got "
+                                  f"{len(stop_token_ids)}", "stop_token_ids")
+
+
+def check_salt(cfg: EngineConfig, salt: str | None) -> None:
+    """Bounded, and text that encodes (a lone surrogate from a JSON escape would raise where the
+    connector hashes the salt, on the step thread)."""
+    if not salt:
+        return
+    too_long = InvalidRequestError(f"cache_salt may have at most {cfg.max_salt_bytes} bytes (UTF-8)", "cache_salt")
+    if len(salt) > cfg.max_salt_bytes:  # a character is at least a byte: no need to encode it
+        raise too_long
+    try:
+        n = len(salt.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidRequestError("cache_salt must be valid Unicode text (no lone surrogates)", "cache_salt") from None
+    if n > cfg.max_salt_bytes:
+        raise too_long
+
+
+def prompt_chars_limit(cfg: EngineConfig, max_model_len: int) -> int:
+    return cfg.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * max_model_len
+
+
+def check_prompt_chars(cfg: EngineConfig, max_model_len: int, chars: int, param: str) -> None:
+    """Before tokenising: a text longer than this cannot fit the context anyway."""
+    limit = prompt_chars_limit(cfg, max_model_len)
+    if chars > limit:
+        raise PromptTooLongError(f"the prompt has {chars} characters; at most {limit} are accepted "
+                                 f"(context: {max_model_len} tokens)", param)
+
+
+def check_prompt_tokens(max_model_len: int, n: int) -> None:
+    """Before looking at the ids one by one: more than the context can never fit."""
+    if n > max_model_len:
+        raise PromptTooLongError(f"the prompt has {n} tokens, more than the model's context length "
+                                 f"{max_model_len}", "prompt")
+
+
+class Slot:
+    """One request's place among those in flight; ``release`` is idempotent."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: InFlight) -> None:
+        self._owner: InFlight | None = owner
+
+    def release(self) -> None:
+        if self._owner is not None:
+            self._owner.count -= 1
+            self._owner.on_change(self._owner.count)
+            self._owner = None
+
+
+class InFlight:
+    """API requests accepted and not yet finished (tokenising, queued, loading or running), at most
+    ``capacity``; ``on_change(count)`` after each change (a gauge). Used from the event loop only."""
+
+    def __init__(self, capacity: int, on_change: Callable[[int], object] = lambda _: None) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0, got {capacity}")
+        self.capacity = capacity
+        self.count = 0
+        self.on_change = on_change
+
+    def enter(self) -> Slot:
+        if self.count >= self.capacity:
+            raise OverloadedError(f"the server has {self.count} requests in flight, as many as it takes; "
+                                  "retry later")
+        self.count += 1
+        self.on_change(self.count)
+        return Slot(self)

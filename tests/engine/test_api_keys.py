@@ -1,0 +1,132 @@
+"""kvengine's API keys and tenants (engine/tenancy.py) through the HTTP API, with the tiny model and
+no daemon: /v1/* answer 401 without a valid key (/health and /metrics stay open), a request runs in
+its key's tenant whatever ``cache_salt`` it sends, a body salt that could spell a scope is refused,
+``--tenant`` puts every request in one tenant, and the keys file is checked in one line that never
+shows a key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.async_engine import AsyncEngine
+from engine.cli import main as cli_main
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from engine.server import create_app
+from engine.tenancy import ApiKeys, scoped_salt, split_salt
+from tests.connector.support import prompt
+from tests.fixtures_engine import make_engine
+
+KEY_A = "key-of-acme-0123456789abcdef"
+KEY_B = "key-of-globex-0123456789abcdef"
+IDS = prompt(70, seed=61)  # 4 full pages
+
+
+@contextmanager
+def serving(loaded, **app: object) -> Iterator[tuple[TestClient, object]]:
+    engine = make_engine(loaded)
+    aengine = AsyncEngine(engine)
+    aengine.start()
+    try:
+        with TestClient(create_app(aengine, "tiny", **app)) as http:  # type: ignore[arg-type]
+            yield http, engine
+    finally:
+        aengine.shutdown()
+
+
+def _complete(http: TestClient, key: str | None, salt: str | None = None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"prompt": IDS, "max_tokens": 2, "ignore_eos": True, "temperature": 0}
+    if salt is not None:
+        body["cache_salt"] = salt
+    return http.post("/v1/completions", json=body, headers=headers)
+
+
+def _cached(r) -> int:
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_v1_needs_a_valid_key_and_health_does_not(tiny) -> None:
+    with serving(tiny, api_keys=ApiKeys({KEY_A: "acme"})) as (http, _):
+        for headers in ({}, {"Authorization": "Bearer not-a-key-of-this-server-000"}, {"Authorization": KEY_A}):
+            for method, path in (("post", "/v1/completions"), ("post", "/v1/chat/completions"), ("get", "/v1/models")):
+                r = getattr(http, method)(path, headers=headers, **({"json": {}} if method == "post" else {}))
+                assert r.status_code == 401, (path, headers)
+                assert r.headers["www-authenticate"] == "Bearer"
+                assert r.json()["error"]["type"] == "authentication_error" and KEY_A not in r.text
+        assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+        assert http.get("/docs").status_code == 401  # deny by default: only the probes are open
+        assert http.get("/v1/models", headers={"Authorization": f"Bearer {KEY_A}"}).status_code == 200
+        assert _complete(http, KEY_A).status_code == 200
+
+
+def test_a_request_runs_in_its_keys_tenant_whatever_salt_it_sends(tiny) -> None:
+    with serving(tiny, api_keys=ApiKeys({KEY_A: "acme", KEY_B: "globex"})) as (http, engine):
+        assert _cached(_complete(http, KEY_A)) == 0
+        assert _cached(_complete(http, KEY_A)) == 64  # its own tenant: the radix tree has its pages
+        for salt in (None, "acme", "globex", "x" * 40):  # ("" is None: the same scope)
+            assert _cached(_complete(http, KEY_B, salt)) == 0, salt  # globex never reaches acme's pages
+        assert _cached(_complete(http, KEY_A, "sub")) == 0  # a salt sub-divides acme
+        assert _cached(_complete(http, KEY_A, "sub")) == 64
+        for spelled in (scoped_salt("acme", ""), scoped_salt("acme", None), "\x1eacme\x1e", "a\nb"):
+            r = _complete(http, KEY_B, spelled)  # a scope spelled in the body: refused, never honoured
+            assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+    m = engine.radix.match_prefix(IDS, record_stats=False, salt=scoped_salt("acme", None))
+    assert m.num_tokens == 64  # acme's tree holds its prompt ...
+    assert engine.radix.match_prefix(IDS, record_stats=False, salt=None).num_tokens == 0  # ... no legacy tree does
+
+
+def test_a_legacy_server_refuses_a_salt_that_spells_a_scope(tiny) -> None:
+    """Without API keys a body salt is still only a salt: one that could pass for a tenant's scope
+    (the connector would key it in that tenant's namespace) is refused."""
+    with serving(tiny) as (http, engine):
+        assert _complete(http, None, scoped_salt("acme", "")).status_code == 400
+        assert _cached(_complete(http, None, "tenant-a")) == 0 and _cached(_complete(http, None, "tenant-a")) == 64
+    assert engine.radix.match_prefix(IDS, record_stats=False, salt=scoped_salt("acme", "")).num_tokens == 0
+
+
+def test_an_engine_of_one_tenant_keeps_every_request_in_it(tiny) -> None:
+    with serving(tiny, tenant="acme") as (http, engine):
+        assert _cached(_complete(http, None)) == 0 and _cached(_complete(http, None)) == 64
+        assert _cached(_complete(http, None, "other")) == 0
+    assert engine.radix.match_prefix(IDS, record_stats=False, salt=scoped_salt("acme", None)).num_tokens == 64
+    assert engine.radix.match_prefix(IDS, record_stats=False, salt="other").num_tokens == 0
+
+
+def test_scopes_open_again_into_tenant_and_salt() -> None:
+    assert split_salt(scoped_salt("acme", "s")) == ("acme", "s")
+    assert split_salt(scoped_salt("acme", None)) == ("acme", "")
+    assert split_salt(scoped_salt("acme", "s") + "\x00tierkv-gate") == ("acme", "s\x00tierkv-gate")  # gate shadows
+    for legacy in (None, "", "tenant-a", "\x00tierkv-gate"):
+        assert split_salt(scoped_salt("", legacy)) == ("", legacy or "")
+
+
+def test_the_keys_file_is_checked_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "keys.yaml"
+    good.write_text(f"{KEY_A}: acme\n{KEY_B}: globex\n")
+    keys = ApiKeys.load(good)
+    assert keys.tenants == ("acme", "globex") and KEY_A not in repr(keys)
+    assert keys.tenant(f"Bearer {KEY_B}") == "globex" and keys.tenant(KEY_B) is None and keys.tenant(None) is None
+    for text, needle in (("short-key: acme\n", "at least 16"), (f"{KEY_A}: 'acme corp'\n", "not a tenant name"),
+                         (f"{KEY_A}: shared\n", "not a tenant name"), ("- a\n", "mapping"), ("{}\n", "no API keys"),
+                         ("[", "cannot read")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=needle) as e:
+            ApiKeys.load(bad)
+        assert len(str(e.value).splitlines()) == 1 and KEY_A not in str(e.value)
+    bad.write_text("short-key: acme\n")
+    assert cli_main(["serve", "--api-keys", str(bad), "--check-config"]) == 2
+    err = capsys.readouterr().err
+    assert "at least 16" in err and "short-key" not in err
+    assert cli_main(["serve", "--api-keys", str(good), "--check-config"]) == 0
+    assert cli_main(["serve", "--tenant", "acme", "--api-keys", str(good), "--check-config"]) == 2
+    assert cli_main(["serve", "--tenant", "no spaces", "--check-config"]) == 2
+    with pytest.raises(ValueError, match="not a tenant name"):
+        EngineConfig(tenant="_leading")
