@@ -153,6 +153,8 @@ class Spiller:
         """Move a victim of level i (i > 0) one level down; runs on the worker thread."""
         lv = self._c.levels[i]
         raw = self._c.guard(lv, lambda: lv.tier.get(vkey))
+        if raw is not None and not self._c.intact(lv, vkey, raw):  # deleted and counted: a bad block is
+            return  # never carried down (a shared tier below would sign it, and then serve it)
         jobs: list[Job] = []
         with self._c.lock:
             if lv.remove(vkey) is None:  # deleted meanwhile

@@ -25,10 +25,13 @@ Why this shape:
 - The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
   tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
   scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
-- A block read from a tier is verified (``block_fault``) before it is served or promoted; a bad
-  one is deleted from that tier, reported to the observer and is a miss there. Only a top tier
-  in this process's memory (``Tier.in_process``: the cpu tier, which holds only blocks the daemon
-  validated on their way in) is served unverified; a disk or Redis tier on top is verified.
+- A block read from a tier is verified once before it is served, promoted or moved down
+  (``StoreState.intact``): ``block_fault``, or the tier's own check where it has one (a shared
+  tier's MAC, kvstore/store/signed_tier.py, ``Tier.verifies_reads``). A bad one is deleted from
+  that tier and dropped from its index, reported to the observer and is a miss there, so a
+  re-put of it is stored. Only a top tier in this process's memory (``Tier.in_process``: the
+  cpu tier, which holds only blocks the daemon validated on their way in) is served unverified;
+  a disk, Redis or S3 tier on top is verified.
 - ``access`` (None unless a trace runs, kvstore/ops/trace.py) is told of every get, put and lookup
   key with the index of the level that held it: one ``is None`` test per call when off.
 - Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
@@ -46,7 +49,6 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TypeVar
 
-from kvstore.block import block_fault
 from kvstore.errors import StoreClosed
 from kvstore.store.breaker import Breaker, BreakerPolicy
 from kvstore.store.miss_reasons import LookupCounts
@@ -354,7 +356,7 @@ class TieredStore:
                 continue
             data = bytes(raw)
             self._obs.read(lv.name, len(data), time.perf_counter() - t0)
-            if not self._intact(lv, key, data):
+            if not self._state.intact(lv, key, data):
                 start = loc + 1
                 continue
             self._after_lower_hit(loc, key, data, from_index=True)
@@ -369,7 +371,7 @@ class TieredStore:
             if not lv.options.shared or not lv.available() or i in failed:
                 continue
             raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
-            if raw is not None and self._intact(lv, key, data := bytes(raw)):
+            if raw is not None and self._state.intact(lv, key, data := bytes(raw)):
                 self._after_lower_hit(i, key, data, from_index=False)
                 consume(memoryview(data))
                 return i
@@ -377,23 +379,6 @@ class TieredStore:
             for lv in self.levels:
                 lv.counters.misses += 1
         return None
-
-    def _intact(self, lv: Level, key: bytes, data: bytes) -> bool:
-        """Verify a block read from a level below the top; delete it from that tier if it is bad.
-
-        A corrupt block is deleted even from a shared tier: it is no use to any node, and left
-        there it would keep answering lookups, so a fresh copy would never be written.
-        """
-        reason = block_fault(data, key)
-        if reason is None:
-            return True
-        log.warning("tier %s: block %s failed verification (%s): deleted", lv.name, key.hex()[:16], reason)
-        with self._lock:
-            lv.remove(key)
-            self._state.forget_if_gone(key)
-        self._state.guard(lv, lambda: lv.tier.delete(key))
-        self._obs.corrupt(lv.name, reason)
-        return False
 
     def _after_lower_hit(self, loc: int, key: bytes, data: bytes, from_index: bool) -> None:
         """Count a hit below the top and promote the block (unless deleted meanwhile).

@@ -82,6 +82,8 @@ class TopWriter:
         ok, raw = c.attempt(top, lambda: top.tier.get(vkey))
         vdata = bytes(raw) if raw is not None else None
         del raw  # the view pinned the victim's bytes while they were copied
+        if vdata is not None and not top.tier.in_process and not c.intact(top, vkey, vdata):
+            return []  # a disk top's bad block: deleted and counted, never carried down (and signed there)
         jobs: list[Job] = []
         with c.lock:
             if top.remove(vkey) is None:  # deleted meanwhile (delete() removed it from the tier too)
