@@ -348,10 +348,12 @@ class TieredStore:
                 failed.add(loc)
                 start = loc + 1
                 continue
-            if raw is None:  # moved away meanwhile, or lost
+            if raw is None:  # moved away meanwhile, lost, or refused by the tier (its MAC: deleted there)
                 with self._lock:
                     if lv.available() and key in lv.index and key not in lv.leaving:
-                        lv.remove(key)  # the tier lost it (e.g. another node deleted it): heal
+                        # the tier lost it (another node deleted it, or the tier refused it): drop it
+                        lv.remove(key)  # from the index, so a re-put is stored, not ALREADY_PRESENT
+                        self._state.forget_if_gone(key)
                 start = 0
                 continue
             data = bytes(raw)
