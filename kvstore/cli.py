@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -82,8 +83,9 @@ def trace_command(args: argparse.Namespace) -> int:
     from kvstore.client.client import KVStoreClient
 
     with KVStoreClient(args.address, deadline_s=args.deadline, use_shm=False, auth=_client_auth(args)) as c:
-        if args.action == "start":  # a relative --out is relative to where the command runs
-            path = c.trace_start(str(Path(args.out).absolute()) if args.out else "", args.max_records)
+        if args.action == "start":  # a bare name is a file in the daemon's traces dir; a path, from here
+            out = args.out or ""
+            path = c.trace_start(str(Path(out).absolute()) if os.sep in out else out, args.max_records)
             print(f"tracing to {path} (written at `kvstore trace stop`)")
         else:
             path, records, overwritten = c.trace_stop()
@@ -144,9 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "then the daemon's default token file on this machine)")
     trace_p = sub.add_parser("trace", help="start or stop recording the daemon's accesses (for `kvstore advise`)")
     trace_p.add_argument("action", choices=("start", "stop"))
-    trace_p.add_argument("--out", help="trace file on the daemon's host (start; default: a new file in its cache dir)")
+    trace_p.add_argument("--out", help="trace file (start): a name in the daemon's traces directory (--traces-dir), "
+                         "or a path in it; default: a new name there")
     trace_p.add_argument("--max-records", type=int, default=0,
-                         help="ring size: older records are overwritten (start; default 1000000, 24 bytes each)")
+                         help="ring size: older records are overwritten (start; default 1000000, 24 bytes each, "
+                         "at most the daemon's trace_max_records)")
     trace_p.add_argument("--address", default="127.0.0.1:50551", help="the daemon's HOST:PORT")
     trace_p.add_argument("--deadline", type=float, default=30.0, help="seconds to wait for the daemon")
     trace_p.add_argument("--token-file", help="bearer token file (as for stats)")

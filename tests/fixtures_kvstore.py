@@ -240,6 +240,7 @@ def inprocess_daemon(sessions: ShmSessions | None = None, workers: int = 8, cpu_
             yield InProcessDaemon(store, sessions, f"127.0.0.1:{port}", server, servicer)
     finally:
         server.stop(None).wait()
+        servicer.close()
         sessions.close()
         store.inner.close(flush=False)
 
@@ -269,6 +270,7 @@ def stream_daemon(**stream_opts: float) -> Iterator[StreamDaemon]:
     finally:
         streams.close()
         server.stop(None).wait()
+        servicer.close()
         sessions.close()
         store.inner.close(flush=False)
 

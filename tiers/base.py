@@ -48,6 +48,15 @@ class Tier(ABC):
     name: str = "tier"
     #: whether contents survive a restart of the process that owns the tier
     persistent: bool = False
+    #: whether its bytes live in this process's memory, written only through ``put`` (the cpu
+    #: tier): a store serves them without verifying them again when this tier is on top. Every
+    #: other tier's reads (bytes that sat on a disk or another server) are verified before they
+    #: are served.
+    in_process: bool = False
+    #: whether ``get`` returns only values it verified itself as the intact block stored under
+    #: that key, and deletes (and answers as a miss) what fails (kvstore/store/signed_tier.py: a
+    #: keyed MAC over the key and every byte). A store does not verify these reads a second time.
+    verifies_reads: bool = False
 
     def __init__(self, capacity_bytes: int) -> None:
         if capacity_bytes <= 0:

@@ -138,6 +138,7 @@ class _Allocator:
 class CpuTier(Tier):
     name = "cpu"
     persistent = False
+    in_process = True
 
     def __init__(self, capacity_bytes: int, *, pinned: bool | None = None, shared: bool | None = None,
                  huge_pages: bool = False) -> None:

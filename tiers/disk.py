@@ -15,7 +15,8 @@ a refusal; it never detaches the tier for it (reads still work). A write the fil
 (full, over quota) reaches us from lmdb as a plain I/O error: a TierError like any other.
 
 Ownership: one process owns the environment (the daemon). The store keeps the byte accounting
-(its index, rebuilt from ``scan`` at start); the tier keeps none of its own.
+(its index, rebuilt from ``scan`` at start); the tier keeps none of its own. The directory is
+0700 and its files 0600 (every tenant's KV is in them); an existing directory is narrowed to that.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def _round_pages(n: int) -> int:
     return (n + _PAGE - 1) // _PAGE * _PAGE
 
 
+def _private_dir(path: Path) -> None:
+    """The lmdb directory, readable by the daemon's user only (0700): its files hold every
+    tenant's KV and key names. Made so if missing; an existing one is narrowed to 0700."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+
+
 class DiskTier(Tier):
     name = "disk"
     persistent = True
@@ -50,7 +59,7 @@ class DiskTier(Tier):
         self.map_size = _round_pages(map_bytes or self.capacity_bytes * 2 + _HEADROOM)
         self._lock = threading.Lock()  # one write transaction at a time
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            _private_dir(self.path)
             self._env: lmdb.Environment | None = lmdb.open(
                 str(self.path),
                 map_size=self.map_size,
@@ -60,7 +69,10 @@ class DiskTier(Tier):
                 max_dbs=0,
                 max_readers=256,
                 lock=True,
+                mode=0o600,
             )
+            for name in ("data.mdb", "lock.mdb"):  # files an older version made 0644
+                os.chmod(self.path / name, 0o600)
             self._env.reader_check()  # clear slots of readers that died (e.g. SIGKILL)
         except (OSError, lmdb.Error) as e:
             raise TierUnavailable(self.name, f"cannot open lmdb at {self.path}: {e}") from e

@@ -92,9 +92,10 @@ def replay(w: Workload, capacities: Sequence[int], trace_to: Path | None = None)
         levels += [(DiskTier(Path(tmp) / f"disk{i}", int(c), sync=False), LevelOptions())
                    for i, c in enumerate(capacities[1:])]  # fmt: skip
         store = TieredStore(levels)
-        control = TraceControl(store, Path(tmp))
-        if trace_to is not None:
-            control.start(str(trace_to))
+        out = trace_to.absolute() if trace_to is not None else None
+        control = TraceControl(store, out.parent if out is not None else Path(tmp))  # its traces dir
+        if out is not None:
+            control.start(str(out))
         demands = 0
         try:
             for req in w.requests:

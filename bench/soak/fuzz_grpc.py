@@ -343,7 +343,8 @@ def fuzz_daemon(work: Path, *flags: str) -> Iterator[tuple[str, str, Path]]:
     """A ``kvstore serve`` (cpu over disk, auth on, its own token) to fuzz: (address, token, log)."""
     token = secrets.token_urlsafe(24)
     log = work / "fuzz-daemon.log"
-    proc, address = spawn_daemon(work / "cache", "--cpu", "64Mi", "--disk", f"{work}/disk:256Mi", *flags,
+    proc, address = spawn_daemon(work / "cache", "--cpu", "64Mi", "--disk", f"{work}/disk:256Mi",
+                                 "--traces-dir", str(work / "traces"), *flags,  # where GrpcFuzzer's TraceStarts go
                                  env={"TIERKV_TOKEN": token}, log_path=log)  # fmt: skip
     try:
         yield address, token, log

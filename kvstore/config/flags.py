@@ -111,6 +111,8 @@ OPTIONS: tuple[Option, ...] = (
     _scalar("--tls-cert", "tls_cert", "PEM certificate: serve gRPC over TLS (with --tls-key)", "plaintext"),
     _scalar("--tls-key", "tls_key", "PEM private key of --tls-cert", "none"),
     _scalar("--tls-client-ca", "tls_client_ca", "PEM CA: require client certificates it signed (mutual TLS)", "none"),
+    _scalar("--traces-dir", "traces_dir", "the only directory `kvstore trace start` may write trace files in",
+            "$TIERKV_CACHE_DIR/traces"),
     _scalar("--mac-secret-file", "mac_secret_file", "file holding the secret that signs every block written to "
             "Redis or S3: every daemon sharing those tiers needs the same one (only the default file is created, "
             "0600, when missing)", "$TIERKV_CACHE_DIR or $XDG_RUNTIME_DIR/tierkv, /mac_secret"),
@@ -125,7 +127,7 @@ _METAVARS = {"--cpu": "SIZE", "--disk": "PATH[:SIZE]", "--s3": "URL", "--s3-endp
              "--stream-port": "PORT", "--token-file": "FILE", "--credentials-file": "FILE", "--tls-cert": "FILE",
              "--tls-key": "FILE", "--tls-client-ca": "FILE", "--redis-password-file": "FILE", "--redis-tls-ca": "FILE",
              "--s3-access-key-id-file": "FILE", "--s3-secret-access-key-file": "FILE", "--s3-tls-ca": "FILE",
-             "--mac-secret-file": "FILE", "--mac-previous-secret-files": "FILES"}
+             "--mac-secret-file": "FILE", "--mac-previous-secret-files": "FILES", "--traces-dir": "DIR"}
 
 
 def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

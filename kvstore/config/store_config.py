@@ -109,6 +109,12 @@ class TierConfig:
         return bucket, prefix
 
 
+def _positive(cfg: object, *names: str) -> None:
+    for name in names:
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+
+
 def _check_host_port(name: str, value: str) -> None:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -151,6 +157,23 @@ class StoreConfig:
     tenant_quota_bytes: int = 0  # bytes each tenant may hold in the top tier; over it, its own oldest spill (0 = off)
     mac_secret_file: str = ""  # signs every block written to redis/s3; "" = <runtime dir>/mac_secret, created 0600
     mac_previous_secret_files: str = ""  # comma-separated: earlier secrets, still accepted, never signing (rotation)
+    # -- limits on what clients and tiers may hold or cost: each one bounded (#22)
+    tier_error_window: int = 20  # the circuit breaker's error rate is taken over a tier's last N calls ...
+    tier_error_rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
+    tier_error_min_calls: int = 10  # ... once the window holds at least this many (kvstore/store/breaker.py)
+    spill_put_timeout_s: float = 5.0  # a call finding the spill queue full waits this long; then its block is not stored below
+    traces_dir: str = ""  # TraceStart writes only here ("" = $TIERKV_CACHE_DIR/traces)
+    trace_max_records: int = 4_000_000  # the largest trace ring a TraceStart may ask for (24 B a record: 96 MB)
+    max_put_streams: int = 0  # Put streams at once (0 = half the workers), so reads find a worker; past it: UNAVAILABLE
+    put_stream_timeout_s: float = 15.0  # a Put stream not read to its commit in this is cancelled, nothing of it stored
+    max_keys_per_call: int = 4096  # keys in one Lookup/Get/Put/Delete or raw-channel request (65,536 tokens at 16 a page)
+    max_concurrent_rpcs: int = 128  # gRPC calls running or queued at once; past it a call is refused RESOURCE_EXHAUSTED
+    keepalive_time_s: float = 60.0  # ping every client connection this often ...
+    keepalive_timeout_s: float = 20.0  # ... and drop it (and its calls) when a ping is not answered in this
+    max_connection_idle_s: float = 900.0  # close a connection that ran no call for this long (clients reconnect)
+    min_client_ping_interval_s: float = 30.0  # a client pinging more often than this is sent away (GOAWAY)
+    health_max_watches: int = 16  # health Watch streams at once (health needs no token)
+    metrics_timeout_s: float = 10.0  # an HTTP connection to /metrics silent this long is closed
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -194,9 +217,45 @@ class StoreConfig:
             raise ConfigError(f"ghosts_per_tier must be >= 0, got {self.ghosts_per_tier}")
         if not 0 < self.min_block_bytes <= self.max_block_bytes:
             raise ConfigError(f"min_block_bytes must be in 1..max_block_bytes, got {self.min_block_bytes}")
+        self._check_limits()
         from kvstore.server import auth  # local: keep config import-light
 
         auth.validate(self)
+
+    def _check_limits(self) -> None:
+        """The bounds on what clients and tiers may hold or cost (#22), each one line naming its field."""
+        if self.tier_error_window < 1 or not 1 <= self.tier_error_min_calls <= self.tier_error_window:
+            raise ConfigError(f"tier_error_window must be >= 1 and tier_error_min_calls in 1..tier_error_window, got "
+                              f"{self.tier_error_window} and {self.tier_error_min_calls}")
+        if not 0 < self.tier_error_rate <= 1:
+            raise ConfigError(f"tier_error_rate must be in (0, 1], got {self.tier_error_rate}")
+        _positive(self, "spill_put_timeout_s")
+        from kvstore.ops.trace import MAX_RECORDS  # local: keep config import-light
+
+        if not 1 <= self.trace_max_records <= MAX_RECORDS:
+            raise ConfigError(f"trace_max_records must be in 1..{MAX_RECORDS}, got {self.trace_max_records}")
+        if not 0 <= self.max_put_streams <= self.workers:
+            raise ConfigError(f"max_put_streams must be in 0..workers ({self.workers}; 0 = half of them), got "
+                              f"{self.max_put_streams}")
+        _positive(self, "put_stream_timeout_s")
+        if not 1 <= self.max_keys_per_call <= 65536:
+            raise ConfigError(f"max_keys_per_call must be in 1..65536, got {self.max_keys_per_call}")
+        if self.max_concurrent_rpcs < 1:
+            raise ConfigError(f"max_concurrent_rpcs must be >= 1, got {self.max_concurrent_rpcs}")
+        _positive(self, "keepalive_time_s", "keepalive_timeout_s", "max_connection_idle_s", "min_client_ping_interval_s")
+        if self.health_max_watches < 0:
+            raise ConfigError(f"health_max_watches must be >= 0, got {self.health_max_watches}")
+        _positive(self, "metrics_timeout_s")
+
+    @property
+    def traces_path(self) -> FsPath:
+        """The one directory TraceStart writes trace files in."""
+        return FsPath(self.traces_dir) if self.traces_dir else default_cache_dir() / "traces"
+
+    @property
+    def put_streams(self) -> int:
+        """Put streams open at once: ``max_put_streams``, or half the workers (at least one)."""
+        return self.max_put_streams or max(1, self.workers // 2)
 
 
 log = logging.getLogger("kvstore.config")

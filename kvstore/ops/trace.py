@@ -6,6 +6,12 @@ to a ring of ``max_records`` (the oldest are overwritten: the trace keeps the la
 says how many records it lost); ``stop`` writes the ring to the file named at ``start``, which
 the daemon creates (never overwrites) on its own host.
 
+Bounds: the ring is at most the daemon's ``trace_max_records`` (allocated at start, 24 bytes a
+record), and the file is written only in its traces directory (``traces_dir``): a caller names a
+file in it, never a path elsewhere (no other directory, no ``..``), and the file is created
+through a descriptor of that directory opened at start, with O_NOFOLLOW and O_EXCL, so a
+symlink put there (or swapped in for the directory later) is refused, not followed.
+
 File format (little-endian), version 1::
 
     magic     8 bytes   b"TKVTRACE"
@@ -117,11 +123,12 @@ class Trace:
         return float(self.records["t"][-1] - self.records["t"][0]) if len(self.records) > 1 else 0.0
 
 
-def write_trace(path: str | Path, header: dict[str, Any], records: np.ndarray) -> None:
-    """Write a trace file; refuses to replace an existing file (O_EXCL)."""
+def write_trace(path: str | Path, header: dict[str, Any], records: np.ndarray, dir_fd: int | None = None) -> None:
+    """Write a trace file; refuses to replace an existing file (O_EXCL) or to follow a symlink
+    (O_NOFOLLOW). ``dir_fd``: ``path`` is a name in that open directory."""
     head = json.dumps(dict(header, version=VERSION, records=len(records))).encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     except OSError as e:
         raise TraceError(f"cannot create trace file {path}: {e.strerror or e}") from None
     with os.fdopen(fd, "wb") as f:
@@ -158,51 +165,86 @@ def read_trace(path: str | Path) -> Trace:
 
 
 class TraceControl:
-    """Starts and stops the trace of one TieredStore (what the TraceStart/TraceStop RPCs call)."""
+    """Starts and stops the trace of one TieredStore (what the TraceStart/TraceStop RPCs call).
 
-    def __init__(self, store: Any, default_dir: Path) -> None:
+    ``traces_dir``: the one directory trace files go in (made 0700 if missing);
+    ``max_records``: the largest ring a start may ask for."""
+
+    def __init__(self, store: Any, traces_dir: Path, max_records: int = MAX_RECORDS) -> None:
         self._store = store
-        self._default_dir = default_dir
+        self._dir = Path(traces_dir)
+        self._max_records = max_records
         self._lock = threading.Lock()
         self._rec: TraceRecorder | None = None
         self._out: Path | None = None
+        self._dir_fd: int | None = None
+
+    def _name(self, out: str) -> str:
+        """The file name ``out`` asks for in the traces directory; TraceError for anything else."""
+        if not out:
+            return time.strftime("trace-%Y%m%d-%H%M%S.kvtrace", time.gmtime())
+        if "\0" in out or len(out) > 4096:
+            raise TraceError(f"bad trace file name {out[:64]!r}")
+        p = Path(out)
+        if p.is_absolute():
+            if ".." in p.parts or os.path.normpath(p.parent) != os.path.normpath(self._dir.absolute()):
+                raise TraceError(f"{out[:200]!r} is not in the daemon's traces directory {self._dir}: trace files "
+                                 "are written only there")
+            name = p.name
+        elif len(p.parts) == 1 and out not in (".", ".."):
+            name = out
+        else:
+            raise TraceError(f"{out[:200]!r} is not a file name: trace files are written only in the daemon's "
+                             f"traces directory {self._dir} (give a name, or a path in it)")
+        if len(name.encode()) > 255:
+            raise TraceError(f"trace file name of {len(name.encode())} bytes (max 255)")
+        return name
 
     def start(self, out: str = "", max_records: int = 0) -> str:
-        """Begin recording; returns the file that ``stop`` will write."""
+        """Begin recording; returns the file that ``stop`` will write (``out``: a name in the traces
+        directory, or an absolute path in it; "" = a new name there)."""
         with self._lock:
             if self._rec is not None:
                 raise TraceError(f"a trace is already running (to {self._out}); stop it first")
-            if out:
-                path = Path(out)
-                if not path.is_absolute() or "\0" in out:
-                    raise TraceError(f"trace file must be an absolute path on the daemon's host, got {out!r}")
-            else:
-                path = self._default_dir / time.strftime("trace-%Y%m%d-%H%M%S.kvtrace", time.gmtime())
-                path.parent.mkdir(parents=True, exist_ok=True)
-            try:  # a name too long, a parent that is a file...: refused here, not at stop
-                exists, parent_ok = path.exists(), path.parent.is_dir()
+            n = max_records or min(DEFAULT_MAX_RECORDS, self._max_records)
+            if not 1 <= n <= self._max_records:
+                raise TraceError(f"max_records must be in 1..{self._max_records} on this daemon, got {n}")
+            name = self._name(out)
+            try:
+                self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                dir_fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             except OSError as e:
-                raise TraceError(f"cannot write a trace file at {out!r}: {e.strerror or e}") from None
-            if exists:
-                raise TraceError(f"trace file {path} already exists (a trace never replaces a file)")
-            if not parent_ok:
-                raise TraceError(f"no directory {path.parent} for the trace file")
-            self._rec = TraceRecorder(max_records or DEFAULT_MAX_RECORDS)
-            self._out = path
+                raise TraceError(f"cannot open the traces directory {self._dir}: {e.strerror or e}") from None
+            try:
+                os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                os.close(dir_fd)
+                raise TraceError(f"cannot write a trace file {name!r}: {e.strerror or e}") from None
+            else:
+                os.close(dir_fd)
+                raise TraceError(f"trace file {self._dir / name} already exists (a trace never replaces a file)")
+            self._rec = TraceRecorder(n)
+            self._out, self._dir_fd = self._dir / name, dir_fd
             self._store.access = self._rec
-            return str(path)
+            return str(self._out)
 
     def stop(self) -> tuple[str, int, int]:
         """Stop recording and write the file: (path, records written, records overwritten)."""
         with self._lock:
-            rec, path = self._rec, self._out
-            if rec is None or path is None:
+            rec, path, dir_fd = self._rec, self._out, self._dir_fd
+            if rec is None or path is None or dir_fd is None:
                 raise TraceError("no trace is running")
             self._store.access = None
-            self._rec = self._out = None
-        recs = rec.records()
-        write_trace(path, {"tiers": [{"name": lv.name, "capacity_bytes": lv.capacity, "eviction": lv.options.eviction}
-                                     for lv in self._store.levels],
-                           "promote_on_hit": self._store.promote_on_hit, "started_unix": rec.started_unix,
-                           "max_records": rec.max_records, "overwritten": rec.overwritten}, recs)  # fmt: skip
+            self._rec = self._out = self._dir_fd = None
+        try:
+            recs = rec.records()
+            write_trace(path.name, {"tiers": [{"name": lv.name, "capacity_bytes": lv.capacity,
+                                               "eviction": lv.options.eviction} for lv in self._store.levels],
+                                    "promote_on_hit": self._store.promote_on_hit, "started_unix": rec.started_unix,
+                                    "max_records": rec.max_records, "overwritten": rec.overwritten},
+                        recs, dir_fd=dir_fd)  # fmt: skip
+        finally:
+            os.close(dir_fd)
         return str(path), len(recs), rec.overwritten

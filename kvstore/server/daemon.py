@@ -3,6 +3,11 @@
 A remote tier that is down at start does not stop the daemon: it starts degraded, with that tier
 detached, and attaches it once it answers (kvstore/store/breaker.py; health: kvstore/server/health.py).
 
+Limits (each a StoreConfig field): ``max_concurrent_rpcs`` calls at once (past it gRPC refuses
+RESOURCE_EXHAUSTED), keepalive and idle limits on connections (``grpc_options``), Put streams
+bounded in number and time (kvstore/server/put_streams.py), keys per call, health Watch streams
+(kvstore/server/health.py), and timeouts on the metrics port (kvstore/server/metrics.py).
+
 SIGHUP reloads the credentials file (kvstore/server/credentials.py), if there is one.
 
 Shutdown order on SIGTERM/SIGINT matters: mark health NOT_SERVING (load balancers stop
@@ -43,10 +48,26 @@ SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
 
 
 def grpc_options(cfg: StoreConfig) -> list[tuple[str, int]]:
+    """The server's channel options: message sizes, and the connection limits. A connection is
+    pinged every ``keepalive_time_s`` and dropped, with its calls, when the ping goes unanswered
+    for ``keepalive_timeout_s`` (a client that died or vanished holds no call for ever); one that
+    ran no call for ``max_connection_idle_s`` is closed (clients reconnect on their next call);
+    a client pinging more often than ``min_client_ping_interval_s`` is sent away after two such
+    pings (gRPC's ping strikes), so pings cannot be used to keep the server busy."""
+    def ms(seconds: float) -> int:
+        return int(seconds * 1000)
+
     return [
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),
         ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", ms(cfg.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", ms(cfg.keepalive_timeout_s)),
+        ("grpc.http2.ping_timeout_ms", ms(cfg.keepalive_timeout_s)),  # what closes the connection (default 60 s)
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_connection_idle_ms", ms(cfg.max_connection_idle_s)),
+        ("grpc.http2.min_ping_interval_without_data_ms", ms(cfg.min_client_ping_interval_s)),
+        ("grpc.http2.max_ping_strikes", 2),
     ]
 
 
@@ -71,15 +92,17 @@ class Daemon:
             raise
         # under TLS the raw channel (plaintext) would expose what TLS protects: Gets stream over gRPC
         self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
-                                     max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes)
+                                     max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes,
+                                     max_keys=cfg.max_keys_per_call)
                         if cfg.stream and creds is None else None)  # fmt: skip
-        self.health = DaemonHealth(self.store)  # SERVING even with a tier detached (see kvstore/server/health.py)
+        # SERVING even with a tier detached; Watch bounded (see kvstore/server/health.py)
+        self.health = DaemonHealth(self.store, max_watches=cfg.health_max_watches)
         on = self.access.table is not None
         checks = [auth.AuthInterceptor(self.access, self.metrics.auth_refused)] if on else []
         checks.append(MalformedRequests())  # inside the auth check: bytes that are no message -> INVALID_ARGUMENT
         self.server = grpc.server(ThreadPoolExecutor(max_workers=cfg.workers), options=grpc_options(cfg),
-                                  interceptors=checks)
-        servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams, access=self.access)
+                                  interceptors=checks, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
+        self.servicer = servicer = KVStoreServicer(self.store, cfg, self.sessions, self.streams, access=self.access)
         self.dashboard.curves = LatestCurves()  # the last trace's curve on /dashboard
         servicer.on_trace_written = self.dashboard.curves.update
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, self.server)
@@ -131,9 +154,9 @@ class Daemon:
             self.shm_listener.start()  # ... and this drops the session of a client whose connection closed
         if self.cfg.metrics_listen:
             host, _, port = self.cfg.metrics_listen.rpartition(":")
-            self.metrics_port = self.metrics.serve(int(port), addr=host.strip("[]"))
+            self.metrics_port = self.metrics.serve(int(port), addr=host.strip("[]"), timeout_s=self.cfg.metrics_timeout_s)
         elif self.cfg.metrics_port:
-            self.metrics_port = self.metrics.serve(self.cfg.metrics_port)
+            self.metrics_port = self.metrics.serve(self.cfg.metrics_port, timeout_s=self.cfg.metrics_timeout_s)
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.stats_log.start()
@@ -159,6 +182,7 @@ class Daemon:
         self.stats_log.close()
         self.health.enter_graceful_shutdown()
         self.server.stop(self.cfg.grace_s).wait()
+        self.servicer.close()
         if self.streams is not None:
             self.streams.close()
         self.store.close(flush=True)  # in-flight spills land before tiers close

@@ -71,9 +71,14 @@ class MalformedRequests(grpc.ServerInterceptor):
             def behavior(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
                 return inner(_checked(requests, context, method), context)
         else:
-            def behavior(request: Any, context: grpc.ServicerContext) -> Any:
+            def behavior(request: Any, context: grpc.ServicerContext, *send: Any) -> Any:
                 if isinstance(request, _Malformed):
                     _refuse(context, method, request)
-                return inner(request, context)
+                return inner(request, context, *send)
+
+            # a non-blocking handler (health Watch) stays so: it answers through a callback and
+            # holds no worker thread while its stream is open
+            if getattr(inner, "experimental_non_blocking", False):
+                behavior.experimental_non_blocking = True  # type: ignore[attr-defined]
         return _FACTORIES[kind](behavior, request_deserializer=_tolerant(h.request_deserializer),
                                 response_serializer=h.response_serializer)  # fmt: skip

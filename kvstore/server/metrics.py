@@ -76,6 +76,10 @@ class _StoreCollector(Collector):
         pend = GaugeMetricFamily("tierkv_spill_queue_bytes", "Bytes waiting to spill to a lower tier")
         pend.add_metric([], float(st.pending_bytes))
         yield pend
+        dropped = CounterMetricFamily("tierkv_spill_queue_timeouts", "Blocks a call could not queue to spill "
+                                      "within spill_put_timeout_s (the queue stayed full): not stored below")
+        dropped.add_metric([], float(st.spill_timeouts))
+        yield dropped
         lk = self._store.lookup_counts()
         keys = CounterMetricFamily("tierkv_lookup_keys", "Keys of read lookups: found (result hit), absent and "
                                    "evicted lately by that tier (result evicted), or absent (result absent)",
@@ -89,8 +93,16 @@ class _StoreCollector(Collector):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 10.0  # seconds a socket read or write may wait (StoreMetrics.serve sets its own)
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (TimeoutError, ConnectionError):  # a client that went silent or away: its thread ends here
+            self.close_connection = True
 
 
 def _wsgi(registry: CollectorRegistry, routes: dict[str, Callable[[], tuple[str, bytes]]]) -> Callable:
@@ -159,15 +171,21 @@ class StoreMetrics:
         """Expose the store's usage and counters (call once, after the store is built)."""
         self.registry.register(_StoreCollector(store))
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve /metrics (and ``routes``) over HTTP on ``addr:port`` in a daemon thread; returns the port."""
+    def serve(self, port: int, addr: str = "127.0.0.1", timeout_s: float = 10.0) -> int:
+        """Serve /metrics (and ``routes``) over HTTP on ``addr:port`` in a daemon thread; returns the port.
+
+        Each connection has its own thread; ``timeout_s`` bounds every read and write on it, so a
+        client that connects and sends nothing (or stops reading) holds a thread that long at most."""
         family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
 
         class Server(ThreadingWSGIServer):  # the address family of this address (IPv6 too), for this server only
             address_family = family
 
+        class Handler(_QuietHandler):
+            timeout = timeout_s
+
         self._http = make_server(sockaddr[0], port, _wsgi(self.registry, dict(self.routes)), Server,
-                                 handler_class=_QuietHandler)
+                                 handler_class=Handler)
         threading.Thread(target=self._http.serve_forever, name="tierkv-http", daemon=True).start()
         return int(self._http.server_port)
 

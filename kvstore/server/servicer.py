@@ -5,7 +5,9 @@ validation happens here, before the store sees a byte. A Put is two-phase: the b
 declares every block (key, size, optional dtype/shape), chunks or shared-memory handles bring
 the bytes, and only a commit stores anything — after *every* block in the batch has been
 checked (complete, decodable, checksum, key, dtype/shape). A bad block fails the whole call
-with a clear status and nothing stored.
+with a clear status and nothing stored. A Put holds one of ``max_put_streams`` slots and must be
+read to its commit within ``put_stream_timeout_s`` (kvstore/server/put_streams.py), so Put streams
+that never commit cannot hold every worker.
 
 A shared-memory Get from a client that mapped the cpu tier's arena (its fd came with the
 session, kvstore/server/shm_listener.py) is answered in place: for a block in that arena the
@@ -32,7 +34,7 @@ import grpc
 
 from kvstore.block import MAX_KEY_LEN, decode_block
 from kvstore.client.transfer import align
-from kvstore.config.store_config import StoreConfig, default_cache_dir
+from kvstore.config.store_config import StoreConfig
 from kvstore.errors import (
     BlockFormatError,
     ChecksumError,
@@ -45,6 +47,7 @@ from kvstore.ops.trace import TraceControl, TraceError
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.server.credentials import Access, Caller
+from kvstore.server.put_streams import PutStreams
 from kvstore.server.shm_sessions import Session, ShmSessions
 from kvstore.server.stream_server import MAX_KEYS, StreamServer
 from kvstore.store.tiered_store import TieredStore
@@ -61,9 +64,9 @@ class _Abort(Exception):
         self.code, self.message = code, message
 
 
-def _check_keys(keys: list[bytes]) -> None:
-    if len(keys) > MAX_KEYS:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} keys in one call (max {MAX_KEYS})")
+def _check_keys(keys: list[bytes], limit: int = MAX_KEYS) -> None:
+    if len(keys) > limit:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} keys in one call (max {limit})")
     for i, k in enumerate(keys):
         if not 0 < len(k) <= MAX_KEY_LEN:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"key {i}: length {len(k)} outside 1..{MAX_KEY_LEN}")
@@ -78,7 +81,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         share = arena.share() if arena is not None else None
         self.arena: Arena | None = arena if share is not None else None  # Gets answered in place
         self.arena_share: ArenaShare | None = share  # what the shm listener hands a caller that sees all
-        self.trace = TraceControl(store, default_cache_dir() / "traces")
+        self.trace = TraceControl(store, config.traces_path, config.trace_max_records)
+        self.put_streams = PutStreams(config.put_streams, config.put_stream_timeout_s)
         self.on_trace_written: Callable[[str], object] | None = None  # told each trace file written
 
     def _caller(self, context: grpc.ServicerContext) -> Caller:
@@ -106,9 +110,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
         def go() -> pb.LookupResponse:
             keys = list(request.keys)
-            _check_keys(keys)
-            caller = self._caller(context)
-            caller.check(keys)
+            caller = self._checked(keys, context)
             res = self.store.lookup(keys, read=not request.write_check)
             resp = pb.LookupResponse(prefix_len=res.prefix_len, tiers=[t or "" for t in res.tiers],
                                      evicted_from=[t or "" for t in res.evicted_from])
@@ -125,7 +127,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
         def go() -> pb.DeleteResponse:
             keys = list(request.keys)
-            _check_keys(keys)
+            _check_keys(keys, self.cfg.max_keys_per_call)
             self._caller(context).check(keys, write=True)
             return pb.DeleteResponse(deleted=sum(1 for k in keys if self.store.delete(k)))
 
@@ -209,16 +211,30 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     # -- Put (client-streamed, two-phase) ------------------------------------------------
     def Put(self, request_iterator: Iterator[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
-        return self._run(context, lambda: self._put(request_iterator, self._caller(context)))
+        stream = self.put_streams.admit(context)  # a slot, and a deadline (kvstore/server/put_streams.py)
+        if stream is None:
+            # UNAVAILABLE: transient, so clients retry it with backoff (a refused block would not be)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.put_streams.max_streams} Put streams are open on "
+                          "this daemon (max_put_streams): try again later")
+        try:
+            return self._run(context, lambda: self._put(request_iterator, self._caller(context), stream.read_done))
+        finally:
+            self.put_streams.release(stream)
 
-    def _put(self, requests: Iterator[pb.PutRequest], caller: Caller) -> pb.PutResponse:
+    def close(self) -> None:
+        self.put_streams.close()
+
+    def _put(self, requests: Iterator[pb.PutRequest], caller: Caller,
+             read_done: Callable[[], bool] = lambda: True) -> pb.PutResponse:  # fmt: skip
+        """``read_done``: called once the stream was read; False when its deadline came first."""
         bad = grpc.StatusCode.INVALID_ARGUMENT
         first = next(requests, None)
         if first is None or first.WhichOneof("kind") != "begin":
             raise _Abort(bad, "a Put stream must start with a begin message")
         specs = list(first.begin.blocks)
-        _check_keys([s.key for s in specs])
-        caller.check([s.key for s in specs], write=True)  # before a byte is read: nothing stored
+        keys = [s.key for s in specs]
+        _check_keys(keys, self.cfg.max_keys_per_call)
+        caller.check(keys, write=True)  # before a byte is read: nothing stored
         total = 0
         for i, s in enumerate(specs):
             if s.size == 0:  # no block is empty: without this check a commit would validate None
@@ -228,7 +244,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             total += s.size
         if total > self.cfg.max_batch_bytes:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch of {total} bytes is over the limit")
-        held = [t is not None for t in self.store.lookup([s.key for s in specs], read=False).tiers]
+        held = [t is not None for t in self.store.lookup(keys, read=False).tiers]
         bufs: list[bytearray | bytes | None] = [None] * len(specs)
         got = [0] * len(specs)
         commit = None
@@ -249,6 +265,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 break
             else:
                 raise _Abort(bad, f"unexpected {kind} message inside a Put")
+        if not read_done():
+            raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"Put stream not committed within "
+                         f"{self.cfg.put_stream_timeout_s} s (put_stream_timeout_s): nothing stored")
         if commit is None:
             raise _Abort(grpc.StatusCode.ABORTED, "Put stream ended without commit: nothing stored")
         if commit.shm:
@@ -331,7 +350,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     def _checked(self, keys: list[bytes], context: grpc.ServicerContext) -> Caller:
         """The caller of a read of ``keys``, once the keys are well-formed and it may read each."""
-        _check_keys(keys)
+        _check_keys(keys, self.cfg.max_keys_per_call)
         caller = self._caller(context)
         caller.check(keys)
         return caller

@@ -9,10 +9,11 @@ request with ERR_DENIED, nothing sent, and closes the connection.
 
 Bounds: at most ``max_conns`` connections and unused tokens together (OpenStream is refused past
 it and the client streams over gRPC instead); a connection that does not authenticate within
-``handshake_s`` or stays idle ``idle_s`` is closed; one request's keys are at most ``MAX_KEYS``
-and ``max_request_bytes``. Blocks are sent from the store's own view with ``sendall``, so a call
-holds no copy of a block: bytes in flight are bounded by the socket buffers. A send that cannot
-progress for ``send_s`` (a client that stopped reading) ends the connection.
+``handshake_s`` or stays idle ``idle_s`` is closed; one request's keys are at most ``max_keys``
+(the daemon's ``max_keys_per_call``, ``MAX_KEYS`` at most) and ``max_request_bytes``. Blocks are
+sent from the store's own view with ``sendall``, so a call holds no copy of a block: bytes in
+flight are bounded by the socket buffers. A send that cannot progress for ``send_s`` (a client
+that stopped reading) ends the connection.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ class _Refused(Exception):
 class StreamServer:
     def __init__(self, store: _Readable, host: str = "127.0.0.1", port: int = 0, max_conns: int = 16,
                  max_request_bytes: int = 8 * 1024**2, handshake_s: float = 10.0, idle_s: float = 300.0,
-                 send_s: float = 60.0) -> None:  # fmt: skip
+                 send_s: float = 60.0, max_keys: int = MAX_KEYS) -> None:  # fmt: skip
         self.store, self.max_conns, self.max_request_bytes = store, max_conns, max_request_bytes
+        self.max_keys = min(max_keys, MAX_KEYS)
         self.handshake_s, self.idle_s, self.send_s = handshake_s, idle_s, send_s
         self._listener = socket.create_server((host.strip("[]"), port), family=_family(host), backlog=max_conns)
         self.port: int = self._listener.getsockname()[1]
@@ -176,8 +178,8 @@ class StreamServer:
         magic, n = w.REQUEST.unpack(head)
         if magic != w.MAGIC:
             raise _Refused(w.ERR_INVALID, f"not a stream-channel request (magic {magic!r})")
-        if n > MAX_KEYS:
-            raise _Refused(w.ERR_INVALID, f"{n} keys in one call (max {MAX_KEYS})")
+        if n > self.max_keys:
+            raise _Refused(w.ERR_INVALID, f"{n} keys in one call (max {self.max_keys})")
         keys: list[bytes] = []
         total = 0
         for i in range(n):

@@ -2,7 +2,8 @@
 
 ``tiered_store`` (TieredStore: put/read/lookup/delete/stats over the chain), ``tier_bookkeeping``
 (one level: a tier plus the store's index, counters and breaker for it), ``shared_state`` (what the
-store's front and its spill worker share), ``spiller`` + ``spill_queue`` (write-back), ``eviction``
+store's front and its spill worker share), ``top_writer`` (puts and promotions into the top tier,
+copied outside the store lock), ``spiller`` + ``spill_queue`` (write-back), ``eviction``
 (policies), ``miss_reasons`` (recently evicted keys: why a lookup missed), ``tenants`` (bytes per
 tenant, quotas), ``breaker`` (detach and probe a failing tier), ``results`` (what the store
 returns), ``observers`` (the hooks metrics and traces plug into), ``signed_tier`` (the MAC on every block in

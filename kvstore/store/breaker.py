@@ -8,8 +8,12 @@ more. A background thread then probes it (``Tier.probe``: PING, HEAD bucket) aft
 again on the first answer. A tier that cannot be reached when the store starts begins detached,
 so the daemon starts degraded instead of crash-looping while S3 or Redis is down.
 
-One success between errors resets the count, so a single timeout on a busy network does not
-detach a tier; a refusal for lack of room (TierFull) is not a failure at all (Level.fail).
+Two rules detach a tier: ``failures`` errors in a row (a server that is down), or an error rate:
+at least ``rate`` of its last ``window`` calls failed, once the window holds ``min_calls`` (a
+server that fails every other call: a success between errors resets the run of errors but not
+the rate, so such a tier is detached instead of costing every second request a timeout). A
+single timeout on a busy network detaches nothing; a refusal for lack of room (TierFull) is not
+a failure at all (Level.fail).
 
 The breaker holds state only; the store's lock guards it (like the rest of a Level). The prober
 calls the tier outside that lock, so a probe of a hung server blocks nobody but the prober.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,19 +40,26 @@ class BreakerPolicy:
     failures: int = 3  # consecutive errors that detach a tier
     probe_s: float = 2.0  # first probe this long after detaching
     probe_max_s: float = 20.0  # the wait doubles per failed probe, up to this
+    window: int = 20  # the error rate is taken over the tier's last ``window`` calls ...
+    rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
+    min_calls: int = 10  # ... once the window holds at least this many calls
 
     def __post_init__(self) -> None:
         if self.failures < 1 or self.probe_s <= 0 or self.probe_max_s < self.probe_s:
             raise ValueError(f"bad breaker policy {self} (failures >= 1, 0 < probe_s <= probe_max_s)")
+        if not 1 <= self.min_calls <= self.window or not 0 < self.rate <= 1:
+            raise ValueError(f"bad breaker policy {self} (1 <= min_calls <= window, 0 < rate <= 1)")
 
     @classmethod
-    def from_retry(cls, retry_s: float, failures: int = 3) -> BreakerPolicy:
-        """The store's ``tier_retry_s`` is the first probe's delay; backoff caps at 10x it."""
-        return cls(failures=failures, probe_s=retry_s, probe_max_s=10 * retry_s)
+    def from_retry(cls, retry_s: float, failures: int = 3, **rate: float) -> BreakerPolicy:
+        """The store's ``tier_retry_s`` is the first probe's delay; backoff caps at 10x it.
+        ``rate``: ``window``, ``rate``, ``min_calls`` (defaults above)."""
+        return cls(failures=failures, probe_s=retry_s, probe_max_s=10 * retry_s, **rate)  # type: ignore[arg-type]
 
 
 class Breaker:
-    """Attached or detached, with the count of consecutive failures and the next probe time."""
+    """Attached or detached, with the count of consecutive failures, the outcomes of the last
+    calls (the error rate), and the next probe time."""
 
     def __init__(self, policy: BreakerPolicy | None = None) -> None:
         self.policy = policy or BreakerPolicy()
@@ -55,31 +67,57 @@ class Breaker:
         self.failures = 0
         self.next_probe = 0.0  # monotonic time of the next probe, while detached
         self.wait_s = self.policy.probe_s  # the wait before it (doubles per failed probe)
+        self._window: deque[bool] = deque(maxlen=self.policy.window)  # True: that call failed
+        self._errors = 0  # failed calls in the window
+        self.why = ""  # what detached it last
+
+    @property
+    def settled(self) -> bool:
+        """Whether a success would change nothing: no errors lately and a full window of
+        successes (the store then records it without taking its lock)."""
+        return not self.failures and not self._errors and len(self._window) == self.policy.window
+
+    def _record(self, error: bool) -> None:
+        if len(self._window) == self.policy.window:
+            self._errors -= self._window[0]
+        self._window.append(error)
+        self._errors += error
 
     def succeeded(self) -> None:
         self.failures = 0
+        self._record(False)
 
     def failed(self) -> bool:
         """Count one error; True when it detached the tier."""
         if not self.attached:
             return False
         self.failures += 1
-        if self.failures < self.policy.failures:
+        self._record(True)
+        p, calls = self.policy, len(self._window)
+        if self.failures >= p.failures:
+            why = f"{self.failures} consecutive errors"
+        elif calls >= p.min_calls and self._errors >= p.rate * calls:
+            why = f"{self._errors} errors in its last {calls} calls"
+        else:
             return False
         self.detach()
+        self.why = why
         return True
 
     def detach(self) -> None:
         self.attached = False
         self.wait_s = self.policy.probe_s
         self.next_probe = time.monotonic() + self.wait_s
+        self.failures, self._errors, self.why = 0, 0, "unreachable"
+        self._window.clear()
 
     def probe_failed(self) -> None:
         self.wait_s = min(self.wait_s * 2, self.policy.probe_max_s)
         self.next_probe = time.monotonic() + self.wait_s
 
     def attach(self) -> None:
-        self.attached, self.failures = True, 0
+        self.attached, self.failures, self._errors = True, 0, 0
+        self._window.clear()
 
 
 class Prober:

@@ -79,3 +79,4 @@ class StoreStats(NamedTuple):
     pending_blocks: int  # spills / write-through copies queued or landing (0 = flushed)
     pending_bytes: int
     tenants: Sequence[TenantStats] = ()  # per tier, the largest tenants first
+    spill_timeouts: int = 0  # blocks a call could not queue to spill in time (kvstore/store/spiller.py): not stored below

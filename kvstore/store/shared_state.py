@@ -5,22 +5,26 @@ way down (``pending``: a block that left a level stays readable from here until 
 in the next one, so it is never missing in between) and the same per-key hit counts (for
 admission). The lock guards this bookkeeping only: bytes are copied outside it (reads pin
 their source instead, see TieredStore._find). Both report tier errors through ``fail``, which
-wakes the prober (kvstore/store/breaker.py) when an error detached a tier.
+wakes the prober (kvstore/store/breaker.py) when an error detached a tier. Both check bytes read
+from a tier before serving or moving them on through ``intact``, the one verification path.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvstore.block import block_fault
 from kvstore.store.breaker import Prober
 from kvstore.store.miss_reasons import Ghosts
 from kvstore.store.observers import NullObserver, Observer
 from kvstore.store.tier_bookkeeping import Level
 from tiers.base import Buffer
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -71,8 +75,9 @@ class StoreState:
             self.prober.wake()
 
     def ok(self, lv: Level) -> None:
-        """A tier call succeeded: its consecutive-error count starts again."""
-        if lv.breaker.failures:
+        """A tier call succeeded: its consecutive-error count starts again, and its error rate
+        counts one more good call (without the lock when that changes nothing)."""
+        if not lv.breaker.settled:
             with self.lock:
                 lv.succeeded()
 
@@ -104,6 +109,29 @@ class StoreState:
 
     def hit(self, key: bytes) -> None:
         self.hits[key] = self.hits.get(key, 0) + 1
+
+    def intact(self, lv: Level, key: bytes, data: Buffer) -> bool:
+        """Whether ``data``, read from ``lv``'s tier, is the intact block of ``key``; a bad one is
+        deleted from that tier and from the level's index, counted (``obs.corrupt``), and False.
+
+        The one check of bytes read from a tier (to serve, promote or move down): ``block_fault``,
+        unless the tier verified them itself (``Tier.verifies_reads``: a shared tier's MAC, which
+        already deleted and answered as a miss what failed it). A corrupt block is deleted even
+        from a shared tier: it is no use to any node, and left there it would keep answering
+        lookups, so a fresh copy would never be written.
+        """
+        if lv.tier.verifies_reads:
+            return True
+        reason = block_fault(data, key)
+        if reason is None:
+            return True
+        log.warning("tier %s: block %s failed verification (%s): deleted", lv.name, key.hex()[:16], reason)
+        with self.lock:
+            lv.remove(key)
+            self.forget_if_gone(key)
+        self.guard(lv, lambda: lv.tier.delete(key))
+        self.obs.corrupt(lv.name, reason)
+        return False
 
     def forget_if_gone(self, key: bytes) -> None:
         """Drop the hit count of a key no level holds any more (caller holds the lock).

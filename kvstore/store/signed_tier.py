@@ -15,6 +15,12 @@ a plain tier whose values are blocks and whose refused values are misses.
   corrupted at rest or in flight), else ``unsigned`` (no trailer: written by something that is
   not a daemon, or by one from before signing), ``unknown_secret`` (signed with a secret this
   daemon does not hold) or ``mac`` (a forged or damaged tag).
+- The MAC is the one verification of a value read here: it covers the key and every byte of the
+  block, and a daemon signs only blocks it verified (validated on their way in, or checked with
+  ``block_fault`` when read from another tier before they move down), so ``verifies_reads`` tells
+  the store not to run ``block_fault`` over the same bytes again (kvstore/store/shared_state.py
+  ``StoreState.intact``). A refused value is a miss the store handles as a lost one: it drops the
+  key from its index, so a re-put of it is stored (not ALREADY_PRESENT), Redis or S3 on top too.
 - A value longer than the largest block plus its trailer is refused without being read whole (the
   tier's ``max_value_bytes``: StoredValueTooLarge), reported as ``size`` and left in place: its
   writer may be a daemon allowed larger blocks, and a re-put of the key overwrites it.
@@ -36,6 +42,8 @@ Reject = Callable[[str, str], None]  # (tier name, reason)
 
 
 class SignedTier(Tier):
+    verifies_reads = True  # the MAC: the store does not check these reads again
+
     def __init__(self, inner: Tier, mac: BlockMac, on_reject: Reject | None = None) -> None:
         super().__init__(inner.capacity_bytes - TRAILER_BYTES)  # a block and its trailer fit the inner tier
         self.inner, self.mac = inner, mac

@@ -2,13 +2,16 @@
 
 Why bytes and not items: blocks range from kilobytes to tens of megabytes, and what must be
 bounded is the memory held by blocks waiting to spill. A producer blocks while the queue is
-full (backpressure on clients that write faster than the lower tiers absorb). The worker
-itself enqueues cascading spills with ``force=True``, since it must never wait on itself.
+full (backpressure on clients that write faster than the lower tiers absorb), for at most its
+``timeout``: a producer is a client's call, and a lower tier that stopped draining must not hold
+it for ever (the store then counts the block as not stored below). The worker itself enqueues
+cascading spills with ``force=True``, since it must never wait on itself.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -26,16 +29,23 @@ class ByteBoundedQueue(Generic[T]):
         self._closed = False
         self._cv = threading.Condition()
 
-    def put(self, item: T, force: bool = False) -> None:
+    def put(self, item: T, force: bool = False, timeout: float | None = None) -> bool:
+        """Queue ``item``, waiting while the queue is full for at most ``timeout`` seconds (None:
+        as long as it takes). False, and nothing queued, when the time ran out."""
         n = self._size_of(item)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             # an item larger than the whole bound still passes once the queue is empty
             while not force and not self._closed and self._items and self._bytes + n > self._max:
-                self._cv.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(left)
             self._items.append(item)
             self._bytes += n
             self._unfinished += 1
             self._cv.notify_all()
+            return True
 
     def get(self) -> T | None:
         """Next item, or None once closed and drained."""

@@ -23,19 +23,45 @@ from kvstore.store.tier_bookkeeping import Level
 from tiers.errors import TierFull
 
 log = logging.getLogger(__name__)
+WARN_EVERY_S = 10.0  # the spill-queue timeout's log line, at most this often
 
 
 class Spiller:
-    def __init__(self, state: StoreState, max_bytes: int) -> None:
+    def __init__(self, state: StoreState, max_bytes: int, put_timeout_s: float | None = None) -> None:
+        """``put_timeout_s``: how long a client's call may wait for room in the full queue (None: for ever)."""
         self._c = state
         self._queue: ByteBoundedQueue[Job] = ByteBoundedQueue(max_bytes, lambda j: len(j.value))
+        self._put_timeout_s = put_timeout_s
+        self.timeouts = 0  # jobs a client's call could not queue in time (not stored below)
+        self._warned_at = -WARN_EVERY_S
         self._thread = threading.Thread(target=self._work, name="tierkv-spill", daemon=True)
         self._thread.start()
 
     def submit(self, jobs: list[Job], force: bool = False) -> None:
-        """Queue jobs; blocks while the queue is full unless ``force`` (the worker's own jobs)."""
-        for job in jobs:
-            self._queue.put(job, force=force)
+        """Queue jobs; waits while the queue is full unless ``force`` (the worker's own jobs).
+
+        A job that cannot be queued within ``put_timeout_s`` (all of them together) is given up:
+        the block is not stored below (a block leaving a level is no longer pending, so no level
+        claims it), counted in ``timeouts``. The caller's call goes on; a cache may drop a copy."""
+        deadline = None if force or self._put_timeout_s is None else time.monotonic() + self._put_timeout_s
+        for i, job in enumerate(jobs):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._queue.put(job, force=force, timeout=left):
+                self._give_up(jobs[i:])
+                return
+
+    def _give_up(self, jobs: list[Job]) -> None:
+        with self._c.lock:
+            self.timeouts += len(jobs)
+            for job in jobs:
+                if job.move and self._c.pending.get(job.key) is job:
+                    del self._c.pending[job.key]
+                    self._c.forget_if_gone(job.key)
+            now, warn = time.monotonic(), self._warned_at
+            self._warned_at = now if now - warn >= WARN_EVERY_S else warn
+        if now - warn >= WARN_EVERY_S:  # one line per WARN_EVERY_S, however many give up
+            log.warning("spill queue full for %.1f s: %d block(s) not stored below (%d so far)",
+                        self._put_timeout_s or 0, len(jobs), self.timeouts)
 
     def flush(self, timeout: float | None = None) -> bool:
         return self._queue.join(timeout)
@@ -127,6 +153,8 @@ class Spiller:
         """Move a victim of level i (i > 0) one level down; runs on the worker thread."""
         lv = self._c.levels[i]
         raw = self._c.guard(lv, lambda: lv.tier.get(vkey))
+        if raw is not None and not self._c.intact(lv, vkey, raw):  # deleted and counted: a bad block is
+            return  # never carried down (a shared tier below would sign it, and then serve it)
         jobs: list[Job] = []
         with self._c.lock:
             if lv.remove(vkey) is None:  # deleted meanwhile

@@ -2,9 +2,9 @@
 
 The tier is a dumb byte store; the level owns what the store knows about it: the index
 (key -> size), the bytes it counts as used, the eviction policy, counters, and its circuit
-breaker (kvstore/store/breaker.py): after a few consecutive errors the tier is detached and skipped
-until a background probe finds it answering, so a dead Redis costs a few timeouts, not one per
-request. Not thread-safe: the store holds its lock.
+breaker (kvstore/store/breaker.py): after a few consecutive errors, or too many of its recent
+calls failing, the tier is detached and skipped until a background probe finds it answering, so
+a dead Redis costs a few timeouts, not one per request. Not thread-safe: the store holds its lock.
 
 Ownership: a private level (cpu, disk, or a remote tier with ``shared=False``) belongs to this
 store alone: its index is rebuilt from ``scan()`` at start and trimmed to the capacity, and
@@ -89,8 +89,8 @@ class Level:
         if not self.breaker.failed():
             return False
         self.counters.detaches += 1
-        log.warning("tier %s detached after %d consecutive errors; probing it in the background: %s",
-                    self.name, self.breaker.policy.failures, self.last_error)  # fmt: skip
+        log.warning("tier %s detached after %s; probing it in the background: %s",
+                    self.name, self.breaker.why, self.last_error)  # fmt: skip
         return True
 
     def succeeded(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from kvstore.config import tier_secrets
 from kvstore.config.store_config import StoreConfig, TierConfig
+from kvstore.store.breaker import BreakerPolicy
 from kvstore.store.observers import Observer
 from kvstore.store.signed_tier import SignedTier
 from kvstore.store.tier_bookkeeping import LevelOptions
@@ -71,11 +72,12 @@ def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredSto
             built,
             promote_on_hit=cfg.promote_on_hit,
             spill_queue_bytes=cfg.spill_queue_bytes,
-            tier_retry_s=cfg.tier_retry_s,
-            detach_after=cfg.tier_detach_after,
             ghosts_per_tier=cfg.ghosts_per_tier,
             tenant_quota_bytes=cfg.tenant_quota_bytes,
             observer=observer,
+            spill_put_timeout_s=cfg.spill_put_timeout_s,
+            breaker=BreakerPolicy.from_retry(cfg.tier_retry_s, cfg.tier_detach_after, window=cfg.tier_error_window,
+                                             rate=cfg.tier_error_rate, min_calls=cfg.tier_error_min_calls),
         )
     except BaseException:
         for tier, _ in built:

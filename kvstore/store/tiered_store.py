@@ -17,21 +17,29 @@ Why this shape:
 - ``tenant_quota_bytes``: a tenant at its quota in the top tier has its own least recently used
   blocks spilled down to make room (counted, ``quota_spills``), never another tenant's; a block
   larger than the whole quota goes straight to the next level (kvstore/store/tenants.py).
-- A tier that raises is counted; after a few consecutive errors it is detached (kvstore/store/breaker.py):
+- A tier that raises is counted; after a few consecutive errors, or a high error rate over its
+  recent calls, it is detached (kvstore/store/breaker.py):
   reads fall through to the next level, writes meant for it are skipped (counted) or go on below,
   and a background probe attaches it again once it answers. A tier unreachable at start begins
   detached. The store never lets a tier error escape (a misconfigured tier stops it at start).
 - The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
   tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
   scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
-- A block read below the top is verified (``block_fault``) before it is served or promoted; a
-  bad one is deleted from that tier, reported to the observer and is a miss there (the top holds
-  only blocks the daemon validated on their way in).
+- A block read from a tier is verified once before it is served, promoted or moved down
+  (``StoreState.intact``): ``block_fault``, or the tier's own check where it has one (a shared
+  tier's MAC, kvstore/store/signed_tier.py, ``Tier.verifies_reads``). A bad one is deleted from
+  that tier and dropped from its index, reported to the observer and is a miss there, so a
+  re-put of it is stored. Only a top tier in this process's memory (``Tier.in_process``: the
+  cpu tier, which holds only blocks the daemon validated on their way in) is served unverified;
+  a disk, Redis or S3 tier on top is verified.
 - ``access`` (None unless a trace runs, kvstore/ops/trace.py) is told of every get, put and lookup
   key with the index of the level that held it: one ``is None`` test per call when off.
 - Reads copy outside the store lock, which covers bookkeeping only: the cpu tier pins the arena
   run a view points into until the view is dropped, queued blocks are immutable, lower tiers
-  return copies.
+  return copies. So do writes into the top (kvstore/store/top_writer.py): a get never waits
+  behind another key's put or promotion.
+- A call that finds the spill queue full waits for room ``spill_put_timeout_s`` at most; what
+  it could not queue is not stored below, counted (``spill_timeouts``) (kvstore/store/spiller.py).
 """
 
 from __future__ import annotations
@@ -41,7 +49,6 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TypeVar
 
-from kvstore.block import block_fault
 from kvstore.errors import StoreClosed
 from kvstore.store.breaker import Breaker, BreakerPolicy
 from kvstore.store.miss_reasons import LookupCounts
@@ -49,8 +56,8 @@ from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT, AccessObserver, O
 from kvstore.store.results import LookupResult, StoreStats, TenantStats, TierStats
 from kvstore.store.shared_state import Job, StoreState, frozen_copy
 from kvstore.store.spiller import Spiller
-from kvstore.store.tenants import tenant_of
 from kvstore.store.tier_bookkeeping import Level, LevelOptions
+from kvstore.store.top_writer import TopWriter
 from tiers.base import Arena, Buffer, Tier
 from tiers.errors import BlockTooLarge
 
@@ -70,13 +77,17 @@ class TieredStore:
         ghosts_per_tier: int = 16384,
         detach_after: int = 3,
         tenant_quota_bytes: int = 0,
+        spill_put_timeout_s: float | None = None,
+        breaker: BreakerPolicy | None = None,
     ) -> None:
         """``tier_retry_s``: first probe of a detached tier (backoff to 10x); ``detach_after``:
         consecutive errors that detach a tier; ``tenant_quota_bytes``: bytes each tenant may hold in
-        the top tier (0 = no quota; kvstore/store/tenants.py)."""
+        the top tier (0 = no quota; kvstore/store/tenants.py); ``spill_put_timeout_s``: how long a
+        call waits for room in the full spill queue (None: for ever; kvstore/store/spiller.py);
+        ``breaker``: the whole circuit-breaker policy (overrides the two above)."""
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
-        policy = BreakerPolicy.from_retry(tier_retry_s, detach_after)
+        policy = breaker or BreakerPolicy.from_retry(tier_retry_s, detach_after)
         self._state = StoreState([Level(t, o, breaker=Breaker(policy), quota=tenant_quota_bytes if i == 0 else 0)
                                   for i, (t, o) in enumerate(levels)], observer, ghosts_per_tier)
         self.levels = self._state.levels
@@ -91,31 +102,40 @@ class TieredStore:
             lv.start()
         if not all(lv.available() for lv in self.levels):
             self._state.prober.wake()
-        self._spill = Spiller(self._state, spill_queue_bytes)
+        self._top = TopWriter(self._state)
+        self._spill = Spiller(self._state, spill_queue_bytes, spill_put_timeout_s)
 
     # -- public API --------------------------------------------------------------------
     def put(self, key: bytes, value: Buffer) -> bool:
-        """Store a block. Returns False (and writes nothing) when the key is already held."""
+        """Store a block. Returns False (and writes nothing) when the key is already held.
+
+        The copies (into the top tier, victims out of it, write-through copies) run without the
+        store lock (kvstore/store/top_writer.py), so reads of other keys go on meanwhile."""
         data = value if isinstance(value, bytes | bytearray) else memoryview(value).cast("B")
-        with self._lock:
-            self._check_open()
-            if len(data) > self.max_block_bytes:
-                raise BlockTooLarge(f"block of {len(data)} bytes exceeds every tier")
-            if self._state.holds(key):
+        through: list[int] = []
+        with self._top.lock:
+            with self._lock:
+                self._check_open()
+                if len(data) > self.max_block_bytes:
+                    raise BlockTooLarge(f"block of {len(data)} bytes exceeds every tier")
+                if self._state.holds(key):
+                    if (access := self.access) is not None:
+                        job = self._pending.get(key)
+                        access(OP_PUT, key, len(data), job.target - 1 if job else self._state.first_level(key))
+                    return False
+                plan = self._top.plan(key, len(data))
                 if (access := self.access) is not None:
-                    job = self._pending.get(key)
-                    access(OP_PUT, key, len(data), job.target - 1 if job else self._state.first_level(key))
-                return False
-            jobs = self._insert_top(key, data)
-            if (access := self.access) is not None:
-                access(OP_PUT, key, len(data), None)
-            for i, lv in enumerate(self.levels[1:], 1):
-                if not lv.options.write_through or key in lv.index:
-                    continue
-                if lv.available():
-                    jobs.append(Job(key, frozen_copy(data), i, False))
-                else:
-                    lv.counters.skipped_writes += 1
+                    access(OP_PUT, key, len(data), None)
+                for i, lv in enumerate(self.levels[1:], 1):
+                    if not lv.options.write_through or key in lv.index:
+                        continue
+                    if lv.available():
+                        through.append(i)
+                    else:
+                        lv.counters.skipped_writes += 1
+            copy = frozen_copy(data) if through or not plan.to_top else None
+            jobs = self._top.land(key, data, plan, copy)
+        jobs += [Job(key, copy, i, False) for i in through if copy is not None]
         self._spill.submit(jobs)
         return True
 
@@ -254,7 +274,8 @@ class TieredStore:
                      for lv in self.levels]  # fmt: skip
             tenants = [TenantStats(lv.name, *row) for lv in self.levels
                        for row in (lv.tenants.rows(tenant_rows) if only is None else lv.tenants.rows_of(only))]
-            return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants)
+            return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants,
+                              self._spill.timeouts)
 
     def close(self, flush: bool = True) -> None:
         with self._lock:
@@ -262,7 +283,7 @@ class TieredStore:
                 return
         if flush:
             self.flush()
-        with self._lock:
+        with self._top.lock, self._lock:  # a put or promotion in flight lands first
             self._closed = True
         self._spill.close()
         self._state.prober.close()
@@ -283,50 +304,6 @@ class TieredStore:
         if self._closed:
             raise StoreClosed("store is closed")
 
-    def _insert_top(self, key: bytes, data: Buffer) -> list[Job]:
-        """Write into level 0, evicting to the spill queue (caller holds the lock)."""
-        top = self.levels[0]
-        if not top.available() or len(data) > top.capacity:
-            return self._state.move_down(key, data, 1)
-        if top.over_quota(key, len(data)):  # larger than its tenant's whole quota: straight below
-            self._quota_spilled(top, key)
-            return self._state.move_down(key, data, 1)
-        jobs: list[Job] = []
-        over = top.quota_victims(key, len(data))  # the tenant's own oldest blocks first
-        for vkey in {k for k, _ in over}:
-            self._quota_spilled(top, vkey)
-        for vkey, _ in over + top.pick_victims(len(data)):
-            t0 = time.perf_counter()
-            try:
-                raw = top.tier.get(vkey)
-                vdata = None if raw is None else bytes(raw)
-                top.tier.delete(vkey)
-            except Exception as e:  # noqa: BLE001
-                self._state.fail(top, e)
-                vdata = None
-            top.remove(vkey)
-            self._state.evicted(top, vkey)
-            if vdata is not None:
-                self._obs.read(top.name, len(vdata), time.perf_counter() - t0)
-                jobs += self._state.move_down(vkey, vdata, 1)
-            self._state.forget_if_gone(vkey)
-        t0 = time.perf_counter()
-        try:
-            top.tier.put(key, data)
-        except Exception as e:  # noqa: BLE001
-            self._state.fail(top, e)
-            return jobs + self._state.move_down(key, data, 1)
-        self._state.ok(top)
-        top.add(key, len(data))
-        top.counters.write_bytes += len(data)
-        self._obs.write(top.name, len(data), time.perf_counter() - t0)
-        return jobs
-
-    @staticmethod
-    def _quota_spilled(top: Level, key: bytes) -> None:
-        top.counters.quota_spills += 1
-        top.tenants.quota_spilled(tenant_of(key))
-
     def _find(self, key: bytes, consume: Callable[[memoryview], None]) -> int | None:
         """Read ``key`` from the fastest level holding it (-> that level's index, None on a miss);
         falls through on tier errors and bad blocks.
@@ -345,7 +322,7 @@ class TieredStore:
                     self._state.hit(key)
                 elif loc is None:
                     break
-                elif loc == 0:
+                elif loc == 0 and self.levels[0].tier.in_process:  # else verified like the levels below
                     top = self.levels[0]
                     t0 = time.perf_counter()
                     top_view = self._state.guard(top, lambda top=top: top.tier.get(key))  # pins the bytes
@@ -360,7 +337,7 @@ class TieredStore:
             if job is not None:
                 consume(memoryview(job.value))
                 return job.target - 1
-            if loc == 0:
+            if loc == 0 and self.levels[0].tier.in_process:
                 consume(memoryview(top_view))
                 return 0
             assert loc is not None
@@ -371,15 +348,17 @@ class TieredStore:
                 failed.add(loc)
                 start = loc + 1
                 continue
-            if raw is None:  # moved away meanwhile, or lost
+            if raw is None:  # moved away meanwhile, lost, or refused by the tier (its MAC: deleted there)
                 with self._lock:
                     if lv.available() and key in lv.index and key not in lv.leaving:
-                        lv.remove(key)  # the tier lost it (e.g. another node deleted it): heal
+                        # the tier lost it (another node deleted it, or the tier refused it): drop it
+                        lv.remove(key)  # from the index, so a re-put is stored, not ALREADY_PRESENT
+                        self._state.forget_if_gone(key)
                 start = 0
                 continue
             data = bytes(raw)
             self._obs.read(lv.name, len(data), time.perf_counter() - t0)
-            if not self._intact(lv, key, data):
+            if not self._state.intact(lv, key, data):
                 start = loc + 1
                 continue
             self._after_lower_hit(loc, key, data, from_index=True)
@@ -394,7 +373,7 @@ class TieredStore:
             if not lv.options.shared or not lv.available() or i in failed:
                 continue
             raw = self._state.guard(lv, lambda lv=lv: lv.tier.get(key))
-            if raw is not None and self._intact(lv, key, data := bytes(raw)):
+            if raw is not None and self._state.intact(lv, key, data := bytes(raw)):
                 self._after_lower_hit(i, key, data, from_index=False)
                 consume(memoryview(data))
                 return i
@@ -403,40 +382,33 @@ class TieredStore:
                 lv.counters.misses += 1
         return None
 
-    def _intact(self, lv: Level, key: bytes, data: bytes) -> bool:
-        """Verify a block read from a level below the top; delete it from that tier if it is bad.
-
-        A corrupt block is deleted even from a shared tier: it is no use to any node, and left
-        there it would keep answering lookups, so a fresh copy would never be written.
-        """
-        reason = block_fault(data, key)
-        if reason is None:
-            return True
-        log.warning("tier %s: block %s failed verification (%s): deleted", lv.name, key.hex()[:16], reason)
-        with self._lock:
-            lv.remove(key)
-            self._state.forget_if_gone(key)
-        self._state.guard(lv, lambda: lv.tier.delete(key))
-        self._obs.corrupt(lv.name, reason)
-        return False
-
     def _after_lower_hit(self, loc: int, key: bytes, data: bytes, from_index: bool) -> None:
-        """Count a hit below the top and promote the block (unless deleted meanwhile)."""
-        jobs: list[Job] = []
+        """Count a hit below the top and promote the block (unless deleted meanwhile).
+
+        A promotion never waits for a put (kvstore/store/top_writer.py): while another write
+        into the top is under way this hit is served without one, and a later hit promotes."""
+        lv = self.levels[loc]
         with self._lock:
-            lv = self.levels[loc]
             lv.touch(key)
             lv.counters.hits += 1
             lv.counters.read_bytes += len(data)
             for upper in self.levels[:loc]:
                 upper.counters.misses += 1
             self._state.hit(key)
-            now = self._state.first_level(key)
-            deleted_meanwhile = now is None and from_index
-            at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
-            if self.promote_on_hit and loc > 0 and not self._closed and not at_top and not deleted_meanwhile:
+        if not self.promote_on_hit or loc == 0 or not self._top.lock.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
+                now = self._state.first_level(key)
+                deleted_meanwhile = now is None and from_index
+                at_top = now == 0 or key in self._pending  # already in (or just leaving) the top
                 top = self.levels[0]
-                if len(data) <= top.capacity and top.available() and not top.over_quota(key, len(data)):
-                    lv.counters.promotions += 1
-                    jobs = self._insert_top(key, data)
+                if self._closed or at_top or deleted_meanwhile or len(data) > top.capacity or \
+                        not top.available() or top.over_quota(key, len(data)):  # fmt: skip
+                    return
+                lv.counters.promotions += 1
+                plan = self._top.plan(key, len(data))
+            jobs = self._top.land(key, data, plan, data)
+        finally:
+            self._top.lock.release()
         self._spill.submit(jobs)

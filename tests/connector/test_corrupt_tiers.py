@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.server.daemon import Daemon
+from kvstore.store.signed_tier import SignedTier
 from tests.connector.support import attach, detach, prompt, run
 from tests.fixtures_engine import make_engine
 from tests.fixtures_kvstore import connect, served
@@ -47,14 +48,18 @@ def daemon_with_lower(request: pytest.FixtureRequest, tmp_path: Path, tiny) -> I
 
 
 def _corrupt_in_tier(daemon: Daemon, kind: str, key: bytes) -> None:
-    """Overwrite ``key``'s stored block inside the lower tier with one flipped payload byte."""
+    """Overwrite ``key``'s stored block inside the lower tier with one flipped payload byte. Redis and
+    S3 values are changed in the server itself, under the daemon's SignedTier: written through it,
+    the bad bytes would be signed as the daemon's own, which no daemon does (it signs only blocks
+    it verified), and the MAC is the daemon's one check of what it reads from Redis and S3."""
     (level,) = [lv for lv in daemon.store.levels if lv.name == kind]
-    good = bytes(level.tier.get(key))
+    tier = level.tier.inner if isinstance(level.tier, SignedTier) else level.tier
+    good = bytes(tier.get(key))
     bad = bytearray(good)
     bad[-100] ^= 0xFF
-    level.tier.delete(key)
-    level.tier.put(key, bytes(bad))
-    assert bytes(level.tier.get(key)) != good
+    tier.delete(key)
+    tier.put(key, bytes(bad))
+    assert bytes(tier.get(key)) != good
 
 
 def test_block_corrupted_in_a_lower_tier_is_recomputed_dropped_and_repaired(tiny, daemon_with_lower) -> None:

@@ -1,7 +1,8 @@
 """The circuit breaker of a tier, on a TieredStore over a real redis-server that dies and comes back.
 
 Why: a dead shared tier must cost a few errors, not a timeout per request (detach), must not be
-given up for good (probe, attach), and one transient error must not detach it (consecutive).
+given up for good (probe, attach), and one transient error must not detach it (consecutive
+errors, or an error rate over the last calls: tests/kvstore/test_store_limits.py).
 A misconfigured tier still stops the store at start; an unreachable one starts detached.
 """
 
@@ -87,7 +88,10 @@ def test_detached_after_consecutive_errors_then_probed_back(own_redis: RedisServ
         assert s.get(_k(0)) is None and _redis(s).available  # lost with the restart: a miss, no error
 
 
-def test_one_success_between_errors_keeps_the_tier(own_redis: RedisServer) -> None:
+def test_a_success_between_errors_ends_their_run(own_redis: RedisServer) -> None:
+    """Error, error, success, three times: never three in a row, and 9 calls are fewer than the
+    error rate's min_calls (10), so the tier stays. A tier that goes on failing at that rate is
+    detached (tests/kvstore/test_store_limits.py)."""
     with _store(own_redis.url, tier_retry_s=60.0) as s:
         s.put(_k(0), _v(0))
         s.flush()
@@ -153,3 +157,45 @@ def test_unreachable_at_start_is_detached_but_bad_credentials_stop_the_store(tmp
             build_store(bad)
     finally:
         server.stop()
+
+
+# -- the error rate: a success between errors does not reset it ------------------------------
+
+
+def test_a_breaker_opens_on_an_error_rate_and_one_success_does_not_reset_it() -> None:
+    b = Breaker(BreakerPolicy(failures=3, window=20, rate=0.5, min_calls=10))
+    outcomes = []
+    for i in range(40):  # every other call fails: never three errors in a row
+        if i % 2:
+            b.succeeded()
+        elif b.failed():
+            outcomes.append(i)
+            break
+    assert outcomes == [10] and not b.attached and b.why == "6 errors in its last 11 calls"
+    b.attach()
+    quiet = Breaker(BreakerPolicy(failures=3, window=20, rate=0.5, min_calls=10))
+    for i in range(200):  # one error in ten calls: the tier stays
+        if i % 10:
+            quiet.succeeded()
+        else:
+            assert not quiet.failed()
+    assert quiet.attached
+
+
+def test_a_tier_failing_half_its_calls_is_detached(own_redis: RedisServer) -> None:
+    """A redis-server that is down for every other read: never three errors in a row, so only
+    the error rate over its last calls can detach it, and it does."""
+    tier = RedisTier(own_redis.url, 64 * BLOCK, socket_timeout_s=1.0, connect_timeout_s=0.5, prefix=b"half:")
+    policy = BreakerPolicy(failures=3, probe_s=60.0, probe_max_s=60.0, window=8, rate=0.5, min_calls=6)
+    with TieredStore([(CpuTier(2 * BLOCK, shared=False), LevelOptions()), (tier, LevelOptions(shared=True))],
+                     breaker=policy) as s:  # fmt: skip
+        for i in range(8):
+            if i % 2:
+                own_redis.start()
+            else:
+                own_redis.stop()
+            assert s.get(_k(100 + i)) is None  # asks redis: an error while it is down, else a miss
+            if not s.stats().tiers[1].available:
+                break
+        st = s.stats().tiers[1]
+        assert not st.available and st.detaches == 1 and st.errors == 4  # calls 0, 2, 4, 6: 4 of the last 7

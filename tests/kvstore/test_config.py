@@ -107,3 +107,41 @@ def test_breaker_and_ghost_sizes_reach_the_store(tmp_path) -> None:
         store.close()
     with pytest.raises(ConfigError, match="tier_detach_after must be >= 1"):
         load_config(["--cpu", "1Mi"], env={"TIERKV_TIER_DETACH_AFTER": "0"})
+
+
+def test_breaker_rate_and_spill_timeout_reach_the_store() -> None:
+    from kvstore.store.tier_factory import build_store
+
+    env = {"TIERKV_TIER_ERROR_WINDOW": "30", "TIERKV_TIER_ERROR_RATE": "0.4", "TIERKV_TIER_ERROR_MIN_CALLS": "12",
+           "TIERKV_SPILL_PUT_TIMEOUT_S": "0.5"}
+    store = build_store(load_config(["--cpu", "1Mi"], env=env))
+    try:
+        p = store.levels[0].breaker.policy
+        assert (p.window, p.rate, p.min_calls, p.failures) == (30, 0.4, 12, 3)
+        assert store._spill._put_timeout_s == 0.5
+    finally:
+        store.close()
+    for var, value, msg in (("TIERKV_TIER_ERROR_MIN_CALLS", "21", "tier_error_min_calls in 1..tier_error_window"),
+                            ("TIERKV_TIER_ERROR_RATE", "1.5", r"tier_error_rate must be in \(0, 1\]"),
+                            ("TIERKV_SPILL_PUT_TIMEOUT_S", "0", "spill_put_timeout_s must be > 0")):  # fmt: skip
+        with pytest.raises(ConfigError, match=msg) as e:
+            load_config(["--cpu", "1Mi"], env={var: value})
+        assert "\n" not in str(e.value)
+
+
+def test_server_limits_load_and_validate(tmp_path: Path) -> None:
+    env = {"TIERKV_MAX_KEYS_PER_CALL": "512", "TIERKV_PUT_STREAM_TIMEOUT_S": "2.5", "TIERKV_WORKERS": "6",
+           "TIERKV_HEALTH_MAX_WATCHES": "3", "TIERKV_METRICS_TIMEOUT_S": "4"}
+    cfg = load_config(["--cpu", "1Mi", "--traces-dir", str(tmp_path / "t")], env=env)
+    assert (cfg.max_keys_per_call, cfg.put_stream_timeout_s, cfg.put_streams) == (512, 2.5, 3)  # half the workers
+    assert (cfg.traces_path, cfg.health_max_watches, cfg.metrics_timeout_s) == (tmp_path / "t", 3, 4.0)
+    for var, value, msg in (("TIERKV_MAX_KEYS_PER_CALL", "0", "max_keys_per_call must be in 1..65536"),
+                            ("TIERKV_MAX_PUT_STREAMS", "9", r"max_put_streams must be in 0..workers \(8"),
+                            ("TIERKV_PUT_STREAM_TIMEOUT_S", "0", "put_stream_timeout_s must be > 0"),
+                            ("TIERKV_KEEPALIVE_TIMEOUT_S", "-1", "keepalive_timeout_s must be > 0"),
+                            ("TIERKV_TRACE_MAX_RECORDS", "100000001", "trace_max_records must be in 1..100000000"),
+                            ("TIERKV_HEALTH_MAX_WATCHES", "-1", "health_max_watches must be >= 0"),
+                            ("TIERKV_METRICS_TIMEOUT_S", "0", "metrics_timeout_s must be > 0")):  # fmt: skip
+        with pytest.raises(ConfigError, match=msg) as e:
+            load_config(["--cpu", "1Mi"], env={var: value})
+        assert "\n" not in str(e.value)

@@ -85,7 +85,7 @@ def test_a_trace_file_that_cannot_be_written_is_refused_at_start(daemon: tuple[s
                                                                  stub: grpc.Channel, name: str) -> None:  # fmt: skip
     """Was UNKNOWN: a name over 255 bytes raised OSError in start; one with a NUL started, then
     the write at TraceStop raised ValueError."""
-    out = f"{daemon[3]}/{name}"
+    out = f"{daemon[3]}/traces/{name}"  # in the daemon's traces dir (bench/soak/fuzz_grpc.py fuzz_daemon)
     code, details = _code(stub.unary_unary(SERVICE + "TraceStart"), pb.TraceStartRequest(out=out).SerializeToString())
     if code == grpc.StatusCode.OK:  # without the guard: the damage shows at stop
         code, details = _code(stub.unary_unary(SERVICE + "TraceStop"), b"")

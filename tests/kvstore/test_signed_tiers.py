@@ -201,3 +201,27 @@ def test_a_value_over_the_largest_block_is_refused_and_left(server: Server, secr
         assert server.holds(key)  # maybe a daemon allowed larger blocks: a re-put of the key replaces it
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("reason", FORGERIES)
+def test_a_forgery_over_the_only_tier_leaves_the_index_so_the_reput_is_stored(
+        server: Server, secret_files: dict[str, Path], reason: str) -> None:  # fmt: skip
+    """Redis or S3 as the only tier, so the top: the store's own block overwritten in the server
+    by a forgery is a miss, deleted, counted, and dropped from the store's index. Kept there, a
+    lookup still found the key and the genuine re-put was answered ALREADY_PRESENT until a restart."""
+    key = _key()
+    cfg = StoreConfig(tiers=(server.tier,), mac_secret_file=str(secret_files["new"]), max_block_bytes=MAX_BLOCK)
+    metrics = StoreMetrics()
+    store = build_store(cfg, observer=metrics)
+    metrics.bind(store)
+    try:
+        assert store.put(key, _block(key)) and store.get(key) == _block(key)
+        assert key in store.levels[0].index
+        server.raw_set(key, FORGERIES[reason](key))  # behind the store's back
+        assert store.get(key) is None and not server.holds(key)
+        assert _refused(metrics, server.kind, reason) == 1
+        assert key not in store.levels[0].index and store.lookup([key]).tiers == [None]
+        assert store.put(key, _block(key))  # STORED, not ALREADY_PRESENT
+        assert store.get(key) == _block(key) and _refused(metrics, server.kind, reason) == 1
+    finally:
+        store.close()

@@ -1,4 +1,5 @@
-"""A block read from a tier below the top is verified before it is served or promoted.
+"""A block read from a tier below the top is verified before it is served or promoted, and so is
+one read from a top tier outside this process (disk, Redis): only the cpu tier is trusted.
 
 Bytes are flipped inside a stored block in each lower tier, with that tier's own client (a raw
 lmdb write, redis-py SET, boto3 put_object, a stray write into the cpu arena): the read is a
@@ -196,3 +197,23 @@ def test_daemon_answers_a_miss_then_stores_the_reput(tmp_path: Path, redis_url: 
         assert 'tierkv_tier_corrupt_blocks_total{reason="checksum",tier="redis"} 1.0' in scrape
         c.delete([k for k, _ in blocks])
     plain.close()
+
+@pytest.mark.parametrize("top", ["disk", "redis"])
+def test_a_corrupt_block_in_a_top_tier_outside_this_process_is_a_miss_and_deleted(
+        top: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:  # fmt: skip
+    if top == "disk":
+        tier: Tier = DiskTier(tmp_path / "top", 64 * BLOCK)
+    else:
+        from tiers.redis import RedisTier
+
+        tier = RedisTier(request.getfixturevalue("redis_url"), 64 * BLOCK, prefix=f"t-{uuid.uuid4().hex[:12]}:".encode())
+    store, metrics = _open([(tier, LevelOptions())])
+    try:
+        assert store.put(KEY, _block(KEY, 1)) and store.get(KEY) == _block(KEY, 1)
+        tier.put(KEY, _flip(_block(KEY, 1)))  # behind the store's back, as a disk or a peer could
+        assert store.get(KEY) is None and _corrupt_count(metrics, tier.name, "checksum") == 1
+        assert tier.contains_many([KEY]) == [False] and store.lookup([KEY]).tiers == [None]
+        assert store.put(KEY, _block(KEY, 1)) and store.get(KEY) == _block(KEY, 1)  # a fresh copy is served
+        store.delete(KEY)
+    finally:
+        store.close()

@@ -46,7 +46,9 @@ def test_trace_start_stop_records_the_daemons_accesses(daemon: str, tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     code, out, err = kvstore("trace", "start", "--address", daemon, "--out", "t.kvtrace", "--max-records", "1000")
     assert code == 0, err
-    assert str(tmp_path / "t.kvtrace") in out  # a relative --out is where the command ran
+    path = Path(out.split("tracing to ", 1)[1].split(" (", 1)[0])
+    assert path.name == "t.kvtrace" and path.parent.name == "traces"  # a name: in the daemon's traces dir
+    assert not (tmp_path / "t.kvtrace").exists()
     code, _, err = kvstore("trace", "start", "--address", daemon, "--out", str(tmp_path / "u.kvtrace"))
     assert code == 2 and "already running" in err and err.count("\n") == 1
     keys = [b"trace-%d" % i for i in range(30)]
@@ -57,7 +59,7 @@ def test_trace_start_stop_records_the_daemons_accesses(daemon: str, tmp_path: Pa
     assert found[0] is not None and found[1] is None
     code, out, err = kvstore("trace", "stop", "--address", daemon)
     assert code == 0 and "wrote 34 records" in out, err
-    trace = read_trace(tmp_path / "t.kvtrace")
+    trace = read_trace(path)
     r = trace.records
     assert trace.tiers[0].name == "cpu" and trace.tiers[0].capacity_bytes == 64 * 1024
     assert r["op"].tolist() == [OP_LOOKUP] * 2 + [OP_PUT] * 30 + [OP_GET] * 2
@@ -65,7 +67,7 @@ def test_trace_start_stop_records_the_daemons_accesses(daemon: str, tmp_path: Pa
     assert r["tier"].tolist()[-2:] == [0, MISS] and set(r["tier"][2:32].tolist()) == {MISS}
     assert set(r["size"][2:33].tolist()) == {len(blk(keys[0]))}
 
-    code, out, err = kvstore("advise", str(tmp_path / "t.kvtrace"), "--json", "--png", str(tmp_path / "c.png"))
+    code, out, err = kvstore("advise", str(path), "--json", "--png", str(tmp_path / "c.png"))
     assert code == 0, err
     advice = json.loads(out)
     assert advice["demands"] == 32 and advice["tiers"][0]["name"] == "cpu"  # 30 fresh puts, a hit, a miss
@@ -79,3 +81,12 @@ def test_trace_calls_need_the_token(daemon: str, tmp_path: Path, kvstore) -> Non
     assert not (tmp_path / "x.kvtrace").exists()
     code, _, err = kvstore("trace", "stop", "--address", daemon)
     assert code == 2 and "no trace is running" in err
+
+
+def test_trace_files_go_only_in_the_daemons_traces_dir(daemon: str, tmp_path: Path, kvstore) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = kvstore("trace", "start", "--address", daemon, "--out", str(tmp_path / "x.kvtrace"))
+    assert code == 2 and "is not in the daemon's traces directory" in err
+    assert err.count("\n") == 1 and not (tmp_path / "x.kvtrace").exists()
+    code, _, err = kvstore("trace", "stop", "--address", daemon)
+    assert code == 2 and "no trace is running" in err
+

@@ -78,9 +78,7 @@ def test_control_writes_a_file_that_reads_back(tmp_path: Path) -> None:
             control.stop()
         with pytest.raises(TraceError, match="already exists"):  # never replaces a file
             control.start(str(out))
-        with pytest.raises(TraceError, match="absolute path"):
-            control.start("relative.kvtrace")
-        with pytest.raises(TraceError, match="no directory"):
+        with pytest.raises(TraceError, match="is not in the daemon's traces directory"):
             control.start(str(tmp_path / "missing" / "t.kvtrace"))
         default = control.start()
         control.stop()
@@ -119,3 +117,70 @@ def test_bad_trace_file_is_one_clear_error(tmp_path: Path, mangle, message: str)
     assert "\n" not in str(e.value)
     with pytest.raises(TraceError, match="cannot read trace"):
         read_trace(tmp_path / "absent.kvtrace")
+
+
+# -- where a trace may be written, and how large its ring may be --------------------------------
+
+
+def _control(tmp_path: Path, max_records: int = 1000) -> tuple[TieredStore, TraceControl, Path]:
+    store = TieredStore([(CpuTier(1 << 20, pinned=False), LevelOptions())])
+    traces = tmp_path / "traces"
+    return store, TraceControl(store, traces, max_records), traces
+
+
+def test_a_trace_is_written_only_in_the_traces_directory(tmp_path: Path) -> None:
+    store, control, traces = _control(tmp_path)
+    try:
+        assert control.start("mine.kvtrace") == str(traces / "mine.kvtrace")  # a name: in the directory
+        control.stop()
+        assert (traces / "mine.kvtrace").exists() and (traces.stat().st_mode & 0o777) == 0o700
+        assert control.start(str(traces / "abs.kvtrace")) == str(traces / "abs.kvtrace")  # a path in it
+        control.stop()
+        for out, why in ((str(tmp_path / "elsewhere.kvtrace"), "is not in the daemon's traces directory"),
+                         ("/etc/tierkv.kvtrace", "is not in the daemon's traces directory"),
+                         (str(traces / ".." / "traces" / "up.kvtrace"), "is not in the daemon's traces directory"),  # no '..', even back in
+                         ("sub/x.kvtrace", "is not a file name"), ("..", "is not a file name"),
+                         ("a\x00b", "bad trace file name")):  # fmt: skip
+            with pytest.raises(TraceError, match=why):
+                control.start(out)
+        assert store.access is None and sorted(p.name for p in traces.iterdir()) == ["abs.kvtrace", "mine.kvtrace"]
+    finally:
+        store.close()
+
+
+def test_a_symlink_is_never_followed(tmp_path: Path) -> None:
+    store, control, traces = _control(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    try:
+        traces.mkdir()
+        (traces / "link.kvtrace").symlink_to(victim)
+        with pytest.raises(TraceError, match="already exists"):  # a link there at start
+            control.start("link.kvtrace")
+        control.start("late.kvtrace")
+        (traces / "late.kvtrace").symlink_to(victim)  # a link put there while the trace runs
+        with pytest.raises(TraceError, match="cannot create trace file"):
+            control.stop()
+        assert victim.read_bytes() == b"keep me"
+        real = tmp_path / "real"
+        real.mkdir()
+        traces.rename(tmp_path / "old")
+        traces.symlink_to(real)  # the directory itself swapped for a link
+        with pytest.raises(TraceError, match="cannot open the traces directory"):
+            control.start("x.kvtrace")
+        assert list(real.iterdir()) == []
+    finally:
+        store.close()
+
+
+def test_the_ring_is_bounded_by_the_daemons_limit(tmp_path: Path) -> None:
+    store, control, _ = _control(tmp_path, max_records=100)
+    try:
+        with pytest.raises(TraceError, match="max_records must be in 1..100 on this daemon, got 101"):
+            control.start("big.kvtrace", max_records=101)
+        control.start("small.kvtrace")  # the default ring, cut to the limit
+        assert store.access is not None and store.access.max_records == 100
+        control.stop()
+    finally:
+        store.close()
+

@@ -124,3 +124,26 @@ def test_unwritable_path_is_unavailable(tmp_path: Path) -> None:
     blocker.write_bytes(b"")
     with pytest.raises(TierUnavailable):
         DiskTier(blocker / "sub", MiB)
+
+
+def _mode(p: Path) -> int:
+    return p.stat().st_mode & 0o777
+
+
+def test_the_lmdb_directory_and_files_are_private(tmp_path: Path) -> None:
+    """Every tenant's KV and key names are in these files: 0700 directory, 0600 files, whatever
+    the umask, and a directory an older version left 0755 (files 0644) is narrowed."""
+    old = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh"
+        DiskTier(fresh, MiB).close()
+        assert _mode(fresh) == 0o700
+        assert {p.name: _mode(p) for p in fresh.iterdir()} == {"data.mdb": 0o600, "lock.mdb": 0o600}
+        for p in fresh.iterdir():
+            p.chmod(0o644)
+        fresh.chmod(0o755)
+        tier = DiskTier(fresh, MiB)
+        tier.close()
+        assert _mode(fresh) == 0o700 and {_mode(p) for p in fresh.iterdir()} == {0o600}
+    finally:
+        os.umask(old)
