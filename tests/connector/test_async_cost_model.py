@@ -134,7 +134,8 @@ def test_a_tier_no_load_ever_measured_is_explored_then_trusted(tiny, tmp_path: P
             first = run(eng, ids)
             assert kv_state(first).decision.outcome == "explore" and first.cached_tokens == EXPLORE_PAGES * PS
             assert first.output_ids == want
-            assert conn.cost.tier("cpu").measured == 1 and conn.cost.tier("cpu").bandwidth > 1e6
+            # the load's own measurement replaced the probe's 1e4 B/s (its value is the machine's speed)
+            assert conn.cost.tier("cpu").measured == 1 and conn.cost.tier("cpu").bandwidth != 1e4
             eng.radix.reset()
             second = run(eng, ids)
             assert kv_state(second).decision.outcome == "load_all" and second.output_ids == want
