@@ -39,7 +39,7 @@ from bench.run_all import BENCHES, all_met, lookup, machine_facts, verdict
 from bench.soak.cluster import Cluster
 from bench.soak.dos import DosProbes, Measure
 from bench.soak.figures import check_answers, cross_tenant_hits, during_outages, memory_figures
-from bench.soak.fuzz import HTTP_SHARE
+from bench.soak.fuzz import API_KEY_ENV, HTTP_SHARE
 from bench.soak.load import TENANTS, Answer, Load, workload
 from bench.soak.probes import Probes
 from bench.soak.security_figures import cross_tenant, forged_figures
@@ -98,16 +98,17 @@ class Fuzzing:
         self.runs: list[tuple[subprocess.Popen[bytes], Path]] = []
         self._start("daemon", cases - self.http_cases)
 
-    def _start(self, side: str, cases: int, *extra: str) -> None:
+    def _start(self, side: str, cases: int, *extra: str, api_key: str = "") -> None:
         out, log = self.work / f"fuzz-{side}.json", self.work / f"fuzz-{side}.log"
+        env = {**os.environ, API_KEY_ENV: api_key} if api_key else None
         with open(log, "wb") as f:
             proc = subprocess.Popen([sys.executable, "-m", "bench.soak.fuzz", "--only", side, "--fuzz-cases", str(cases),
                                      "--seed", str(self.seed), "--out", str(out), *extra], stdout=f,
-                                    stderr=subprocess.STDOUT)  # fmt: skip
+                                    stderr=subprocess.STDOUT, env=env)  # fmt: skip
         self.runs.append((proc, out))
 
-    def http(self, base: str) -> None:
-        self._start("http", self.http_cases, "--http", base)
+    def http(self, base: str, api_key: str) -> None:
+        self._start("http", self.http_cases, "--http", base, api_key=api_key)
 
     def result(self, timeout_s: float = 900) -> dict[str, Any]:
         merged: dict[str, Any] = {"cases": 0, "crashes": 0, "unauthenticated_accepted": 0, "outcomes": {},
@@ -153,7 +154,7 @@ def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
         with Cluster(work, ["--kv-memory", "96Mi"]) as cluster:
             cluster.start()
             timings = {"startup_s": time.monotonic() - t0}
-            fuzzing.http(cluster.replicas[0].base)
+            fuzzing.http(cluster.replicas[0].base, cluster.creds.api[TENANTS[-1]])
             watcher = Watcher(cluster.processes, queued=lambda role: cluster.daemon.queued_bytes()
                               if role == "daemon" else 0).start()  # fmt: skip
             load = Load([r.base for r in cluster.replicas], MODEL, plan.max_tokens, cluster.creds.api, clock=watcher.now)
