@@ -47,6 +47,7 @@ from kvstore.server import stream_wire as w
 
 REDIS_PREFIX = b"tierkv:"
 WAIT_S = 10.0
+TRACE_RECORDS = 200_000  # 4.8 MB of ring: the seconds of B's requests, with the load around them
 
 
 def tenant_keys(redis_url: str, tenant: str) -> set[bytes]:
@@ -193,15 +194,17 @@ class CrossTenant:
         with grpc.insecure_channel(c.daemon.address) as ch:  # the admin's trace spans B's requests
             admin = pb_grpc.KVStoreStub(ch)
             traced = False
-            with contextlib.suppress(grpc.RpcError):
-                traced = bool(admin.TraceStart(pb.TraceStartRequest(), metadata=md(c.token), timeout=WAIT_S).path)
+            with contextlib.suppress(grpc.RpcError):  # a small ring: the default (24 MB) stays in the daemon's heap
+                traced = bool(admin.TraceStart(pb.TraceStartRequest(max_records=TRACE_RECORDS), metadata=md(c.token),
+                                               timeout=WAIT_S).path)  # fmt: skip
             answers = [self.load.ask(prompt, other, reps[i % len(reps)]) for i, other in enumerate(others)]
             witness: int | None = None
             if traced:
                 with contextlib.suppress(grpc.RpcError, OSError, ValueError):
-                    path = admin.TraceStop(pb.TraceStopRequest(), metadata=md(c.token), timeout=WAIT_S).path
-                    witness = daemon_reads(path, set(keys)) if keys else None
-                    os.unlink(path)
+                    stopped = admin.TraceStop(pb.TraceStopRequest(), metadata=md(c.token), timeout=WAIT_S)
+                    # a ring that overwrote records may have lost a read: no witness then
+                    witness = daemon_reads(stopped.path, set(keys)) if keys and not stopped.overwritten else None
+                    os.unlink(stopped.path)
         self.engine_answers += answers
         info["daemon_reads_during_engine_probes"] = witness
         self.attempts += [engine_attempt(a) for a in answers]
