@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class Figure:
     path: str  # dotted path into the bench's JSON
     target: float | bool | None  # None: reported, no target
-    better: str = ">="  # ">=" | "<=" | "=="
+    better: str = ">="  # ">=" | "<=" | "<" | "=="
 
 
 # The headline figures of each quick bench and the targets their issues set.
@@ -56,7 +56,16 @@ BENCHES: dict[str, list[Figure]] = {
     "soak": [Figure("requests", None), Figure("wrong_outputs", 0, "=="), Figure("client_errors", 0, "=="),
              Figure("faults_injected", 6), Figure("fuzz_cases", 10_000), Figure("fuzz_crashes", 0, "=="),
              Figure("unauthenticated_accepted", 0, "=="), Figure("cross_tenant_hits", 0, "=="),
-             Figure("rss_growth_mb", 50, "<="), Figure("fd_growth", 5, "<="), Figure("shm_growth_mb", 0, "<=")],
+             Figure("rss_growth_mb", 50, "<="), Figure("fd_growth", 5, "<="), Figure("shm_growth_mb", 0, "<="),
+             # #22 part 7: tenants as credentials, signed shared tiers, bounded inputs, reclaimed sessions
+             Figure("cross_tenant_reads", 0, "=="), Figure("cross_tenant_attempts", 1),
+             Figure("forged_blocks_served", 0, "=="), Figure("forged_probes_exercised", 1),
+             Figure("shm_reclaim_s", 30, "<="),
+             *(Figure(f"dos.{p}.{f}", t, b) for p in ("stop_strings", "prompt_16mib", "salts", "stalled_puts",
+                                                       "watch_names")
+               for f, t, b in (("itl_p99_ratio", 1.5, "<="), ("health_max_s", 1.0, "<"))),
+             Figure("dos.salts.rss_growth_mb", 20, "<="), Figure("dos.watch_names.rss_growth_mb", 20, "<="),
+             Figure("dos.stalled_puts.lookup_deadline_met", True, "==")],
     "serve": [Figure("working_set_over_pool", 4.0), Figure("targets.cpu_ttft_mean_vs_radix.value", 1 / 3, "<="),
               Figure("targets.cpu_max_qps_vs_radix.value", 2.0), Figure("targets.cpu_itl_p99_vs_radix.value", 1.2, "<="),
               Figure("targets.s3_ttft_p90_vs_radix.value", 1.0, "<="), Figure("rag_s3_ttft_p90_vs_radix", None)],
@@ -82,7 +91,7 @@ def lookup(doc: Any, path: str) -> Any:
 
 
 _CMP: dict[str, Callable[[Any, Any], bool]] = {
-    ">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, "==": lambda v, t: v == t}
+    ">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, "<": lambda v, t: v < t, "==": lambda v, t: v == t}
 
 
 def verdict(value: Any, fig: Figure) -> str:

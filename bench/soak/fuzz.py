@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -153,6 +154,7 @@ def fuzz_blocks(n: int, seed: int) -> Tally:
 
 # -- the whole run -----------------------------------------------------------------------------
 HTTP_SHARE = 0.15  # of all cases, when the HTTP API is fuzzed too
+API_KEY_ENV = "TIERKV_FUZZ_API_KEY"  # the API key sent with each HTTP case (a server with --api-keys)
 
 
 def split_cases(total: int) -> dict[str, int]:
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if http_cases:
         from bench.soak.fuzz_http import fuzz_http
 
-        tally.merge(fuzz_http(a.http, http_cases, a.seed))
+        tally.merge(fuzz_http(a.http, http_cases, a.seed, api_key=os.environ.get(API_KEY_ENV, "")))
     doc = {**tally.as_json(), "seed": a.seed, "wall_s": round(time.monotonic() - t0, 1)}
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=2))

@@ -52,12 +52,14 @@ def _chunks(total: int, step: int = 1 << 20) -> Iterator[bytes]:
         yield b"x" * step
 
 
-def fuzz_http(base: str, n: int, seed: int, deadline_s: float = 30.0,
-              max_body_bytes: int = MAX_BODY_BYTES) -> Tally:  # fmt: skip
-    """``n`` cases against the server at ``base``: mostly malformed bodies, a few oversized ones."""
+def fuzz_http(base: str, n: int, seed: int, deadline_s: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES,
+              api_key: str = "") -> Tally:  # fmt: skip
+    """``n`` cases against the server at ``base``: mostly malformed bodies, a few oversized ones
+    (``api_key``: sent with each, for a server that takes API keys, so the bodies are read)."""
     tally = Tally()
     big = max(2, n // 200)
-    with httpx.Client(base_url=base, timeout=deadline_s) as c:
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=base, timeout=deadline_s, headers=auth) as c:
 
         def post(path: str, **kw: object) -> tuple[int, bytes] | str:
             try:

@@ -1,10 +1,12 @@
 """The soak's clients: streaming chat requests through the official ``openai`` client, with mixed
-prefix reuse and several tenants (``cache_salt``), each answer checked against a cold reference.
+prefix reuse and several tenants, each answer checked against a cold reference. A request's
+tenant is its API key's (``Authorization: Bearer KEY``, bench/soak/tenancy.py): the engine runs it
+in that tenant whatever the body says; a body ``cache_salt`` only sub-divides the tenant.
 
 Prompts: a few long system prompts (the shared prefixes), each with several questions; clients
 pick (tenant, prompt, replica) at random, so a prefix is reused within a tenant, across replicas
 (through the daemon) and never across tenants. The reference of a prompt is its greedy answer
-computed cold — on a replica, under a salt no other request uses, so neither the radix cache nor
+computed cold — on a replica, in tenant ``reference`` under a salt no other request uses, so neither the radix cache nor
 the daemon can hold any of its pages (its usage must show 0 cached tokens) — before any fault.
 Private prompts, each sent by one tenant only, are the cross-tenant probes: when another tenant
 sends one afterwards, its usage must show 0 cached tokens.
@@ -22,13 +24,15 @@ from typing import NamedTuple
 
 import openai
 
+from bench.soak.tenancy import LOAD_TENANTS, REFERENCE
+
 TOPICS = ("the Harbor Museum of maritime history", "the Alpine railway timetable office", "a municipal water utility",
           "a cooperative bakery and its suppliers", "a small observatory that runs night tours",
           "a public library's archive of local newspapers")  # fmt: skip
 RULES = ("Answer in one short sentence.", "Never invent prices or opening hours.", "Name a concrete place when you can.",
          "If you do not know, say so plainly.", "Prefer the metric system.", "Keep a calm, friendly tone.",
          "Mention accessibility when it matters.", "Do not repeat the question back.")  # fmt: skip
-TENANTS = ["tenant-a", "tenant-b", "tenant-c"]
+TENANTS = list(LOAD_TENANTS)
 QUESTIONS = ("What should a first-time visitor see?", "When is the quietest time to come?", "How do I get there by train?",
              "Is there anything for children?", "What is the history of the place?", "Where can I eat nearby?")  # fmt: skip
 
@@ -78,6 +82,9 @@ class Answer:
     error: str | None = None
     t0: float = 0.0
     t1: float = 0.0
+    sources: dict[str, int] = field(default_factory=dict)  # usage's tierkv "cached": tokens by where their KV came from
+    pages: dict[str, int] = field(default_factory=dict)  # usage's tierkv page outcomes: reason -> pages
+    token_times: list[float] = field(default_factory=list)  # when each content chunk arrived (clock)
 
 
 @dataclass
@@ -85,6 +92,7 @@ class Load:
     replicas: list[str]  # base URLs
     model: str
     max_tokens: int
+    api_keys: dict[str, str]  # tenant -> API key
     clock: Callable[[], float] = time.monotonic
     answers: list[Answer] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -93,21 +101,32 @@ class Load:
         self.clients = {b: openai.OpenAI(base_url=b + "/v1", api_key="soak", max_retries=0, timeout=180)
                         for b in self.replicas}  # fmt: skip
 
-    def ask(self, prompt: Prompt, tenant: str, replica: str, keep: bool = True) -> Answer:
-        """One streamed chat completion; an exception of any kind is the answer's ``error``."""
+    def ask(self, prompt: Prompt, tenant: str, replica: str, keep: bool = True, salt: str | None = None,
+            max_tokens: int | None = None) -> Answer:  # fmt: skip
+        """One streamed chat completion with ``tenant``'s API key (``salt``: the body's cache_salt);
+        an exception of any kind is the answer's ``error``."""
         a = Answer(prompt.pid, tenant, replica, t0=self.clock())
         try:
             stream = self.clients[replica].chat.completions.create(
-                model=self.model, messages=prompt.messages, max_tokens=self.max_tokens, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"cache_salt": tenant})  # fmt: skip
+                model=self.model, messages=prompt.messages, max_tokens=max_tokens or self.max_tokens, temperature=0,
+                stream=True, stream_options={"include_usage": True},
+                extra_headers={"Authorization": f"Bearer {self.api_keys[tenant]}"},
+                extra_body={"cache_salt": salt} if salt else None)  # fmt: skip
             parts = []
             for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     parts.append(chunk.choices[0].delta.content)
+                    a.token_times.append(self.clock())
                 if chunk.usage is not None:
                     a.prompt_tokens = chunk.usage.prompt_tokens
                     details = chunk.usage.prompt_tokens_details
                     a.cached = details.cached_tokens if details is not None else 0
+                    tierkv = (details.model_extra or {}).get("tierkv") if details is not None else None
+                    if isinstance(tierkv, dict):
+                        a.sources = {k: int(v) for k, v in (tierkv.get("cached") or {}).items()}
+                        pages = (tierkv.get("pages") or {}).get("outcomes") or []
+                        for p in pages:
+                            a.pages[p["reason"]] = a.pages.get(p["reason"], 0) + int(p["pages"])
             a.text = "".join(parts)
             if a.cached < 0:
                 a.error = "stream ended without usage"
@@ -120,7 +139,8 @@ class Load:
         return a
 
     def references(self, prompts: list[Prompt], concurrency: int = 2, shift: int = 0) -> dict[str, Answer]:
-        """Each prompt once, cold: a salt of its own; prompt i on replica i + ``shift`` (round-robin)."""
+        """Each prompt once, cold: tenant ``reference`` under a salt of its own; prompt i on replica
+        i + ``shift`` (round-robin)."""
         jobs = [(p, self.replicas[(i + shift) % len(self.replicas)]) for i, p in enumerate(prompts)]
         out: dict[str, Answer] = {}
         lock = threading.Lock()
@@ -131,7 +151,7 @@ class Load:
                     if not jobs:
                         return
                     p, replica = jobs.pop(0)
-                a = self.ask(p, f"reference-{uuid.uuid4().hex}", replica, keep=False)
+                a = self.ask(p, REFERENCE, replica, keep=False, salt=f"reference-{uuid.uuid4().hex}")
                 with lock:
                     out[p.pid] = a
 

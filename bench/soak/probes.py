@@ -1,6 +1,7 @@
-"""The soak's probes: calls without a valid token (every RPC and the raw stream channel), and
-cross-tenant rounds — a tenant sends a private prompt twice, each other tenant then sends it once
-on a replica that holds it, and must be told 0 cached tokens."""
+"""The soak's probes, every ``every_s`` while the load runs: calls without a valid token (every RPC
+and the raw stream channel), a cross-tenant round through every path (bench/soak/tenant_probes.py)
+and a forgery in Redis or S3 (bench/soak/forge.py). Each round first waits for the daemon to answer
+health, so a fault in progress is not taken for an answer."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import time
 import grpc
 
 from bench.soak.cluster import Cluster
-from bench.soak.load import TENANTS, Answer, Load, private_prompt
+from bench.soak.forge import Forger
+from bench.soak.load import TENANTS, Load, private_prompt
+from bench.soak.security_figures import auth_refused
+from bench.soak.tenancy import PROBE
+from bench.soak.tenant_probes import CrossTenant, wait_daemon
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.server import stream_wire as w
 from kvstore.server.auth import ClientAuth
@@ -19,15 +24,16 @@ from kvstore.server.auth import ClientAuth
 SERVICE = "/tierkv.kvstore.v1.KVStore/"
 
 
-def unauthenticated_probe(address: str, token: str) -> tuple[int, int]:
-    """(calls sent, calls served) with no token and a wrong one, on every RPC and the stream channel."""
+def unauthenticated_probe(address: str, token: str) -> tuple[int, int, int]:
+    """(calls sent, calls served, calls answered with an error that is no refusal) with no token and
+    a wrong one, on every RPC and the stream channel. Only UNAUTHENTICATED / PERMISSION_DENIED refuse."""
     calls = [("Lookup", pb.LookupRequest(keys=[b"k" * 16])), ("Stats", pb.StatsRequest()),
              ("Delete", pb.DeleteRequest(keys=[b"k" * 16])), ("OpenStream", pb.OpenStreamRequest()),
              ("TraceStart", pb.TraceStartRequest()), ("TraceStop", pb.TraceStopRequest()),
              ("AttachShm", pb.AttachShmRequest(size=8192)),
              ("DetachShm", pb.DetachShmRequest(session="x")), ("ReleaseLease", pb.ReleaseLeaseRequest(session="x")),
              ("GetShm", pb.GetRequest(keys=[b"k" * 16], shm_session="x"))]  # fmt: skip
-    sent = served = 0
+    sent = served = other = 0
     for ch in (grpc.insecure_channel(address), ClientAuth("wrong-" + "x" * 20).channel(address, [])):
         for method, req in [*calls, ("Get", pb.GetRequest(keys=[b"k" * 16])), ("Put", None)]:
             try:
@@ -40,7 +46,7 @@ def unauthenticated_probe(address: str, token: str) -> tuple[int, int]:
                     ch.unary_unary(SERVICE + method)(req.SerializeToString(), timeout=5)
                 sent, served = sent + 1, served + 1
             except grpc.RpcError as e:
-                sent += e.code() != grpc.StatusCode.UNAVAILABLE  # the daemon is down: nothing was asked
+                sent, other = sent + 1, other + (not auth_refused(e.code()))
         ch.close()
     try:  # the raw channel with a made-up token: closed without a byte
         port = _stream_port(address, token)
@@ -53,7 +59,7 @@ def unauthenticated_probe(address: str, token: str) -> tuple[int, int]:
             sent, served = sent + 1, served + bool(got)
     except (OSError, grpc.RpcError):
         pass
-    return sent, served
+    return sent, served, other
 
 
 def _stream_port(address: str, token: str, wait_s: float = 15.0) -> int:
@@ -71,33 +77,38 @@ def _stream_port(address: str, token: str, wait_s: float = 15.0) -> int:
 
 
 class Probes:
-    """Every ``every_s``: the unauthenticated probe, and one cross-tenant round (a tenant sends a
-    private prompt twice; each other tenant then sends it once, on a replica that holds it)."""
+    """Every ``every_s``: the unauthenticated probe, a cross-tenant round (the probe tenant sends a
+    private prompt twice; each load tenant then tries to read it by every path) and a forgery."""
 
     def __init__(self, cluster: Cluster, load: Load, words: int, seed: int) -> None:
         self.cluster, self.load, self.words, self.seed = cluster, load, words, seed
-        self.unauth_sent = self.unauth_served = 0
-        self.tenant_probes: list[Answer] = []
-        self.reference: dict[str, str] = {}
+        self.unauth_sent = self.unauth_served = self.unauth_other = 0
+        self.cross = CrossTenant(cluster, load)
+        self.forger = Forger(cluster, load, words, seed)
         self.rounds = 0
+        self.skipped = 0  # rounds the daemon was not back for
+
+    @property
+    def tenant_probes(self) -> list:  # type: ignore[type-arg]
+        return self.cross.engine_answers
+
+    @property
+    def reference(self) -> dict[str, str]:
+        return self.cross.reference
 
     def once(self) -> None:
-        sent, served = unauthenticated_probe(self.cluster.daemon.address, self.cluster.token)
-        self.unauth_sent, self.unauth_served = self.unauth_sent + sent, self.unauth_served + served
-        owner = TENANTS[self.rounds % len(TENANTS)]
-        p = private_prompt(owner, self.rounds, self.words, self.seed)
+        if not wait_daemon(self.cluster):
+            self.skipped += 1
+            return
+        sent, served, other = unauthenticated_probe(self.cluster.daemon.address, self.cluster.token)
+        self.unauth_sent += sent
+        self.unauth_served += served
+        self.unauth_other += other
+        k = self.rounds
         self.rounds += 1
-        reps = self.load.replicas
-        first = self.load.ask(p, owner, reps[0])
-        if first.error is None and first.cached == 0:  # cold: a valid reference for this prompt
-            self.reference[p.pid] = first.text
-        self.load.ask(p, owner, reps[1 % len(reps)])  # hot on both replicas and in the daemon now
-        for i, other in enumerate(t for t in TENANTS if t != owner):
-            self.tenant_probes.append(self.load.ask(p, other, reps[i % len(reps)]))
+        self.cross.round(private_prompt(PROBE, k, self.words, self.seed), list(TENANTS))
+        self.forger.once(k)
 
     def run(self, stop: threading.Event, every_s: float) -> None:
         while not stop.wait(every_s):
             self.once()
-
-
-# -- the run -------------------------------------------------------------------------------------

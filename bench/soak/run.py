@@ -7,9 +7,18 @@ What it counts (bench/soak/figures.py computes each figure; bench/run_all.py hol
 every answer against a cold greedy reference (``wrong_outputs``; an exception or refusal seen by
 a client is a ``client_errors``), faults injected, the growth of RSS, open files, threads and
 shared-memory segments of each process after warm-up, calls to the daemon with no or a wrong token that were
-served (``unauthenticated_accepted``), another tenant's first request for a tenant's private
-prompt that reported cached tokens (``cross_tenant_hits``), and the fuzzer's cases and crashes
-(bench/soak/fuzz.py, run beside the soak against its own daemon and against replica a's API).
+not refused (``unauthenticated_accepted``: only UNAUTHENTICATED / PERMISSION_DENIED refuse),
+another tenant's first request for a tenant's private prompt that reported cached tokens
+(``cross_tenant_hits``), and the fuzzer's cases and crashes (bench/soak/fuzz.py, run beside the
+soak against its own daemon and against replica a's API).
+
+Tenants are credentials (bench/soak/tenancy.py), and the security probes count: cross-tenant reads
+tried through every path with another tenant's credential (``cross_tenant_reads``,
+bench/soak/tenant_probes.py), forged blocks written straight into Redis and S3 that an answer was
+computed over (``forged_blocks_served``, bench/soak/forge.py); after the soak, with the load
+stopped, DoS probes while a normal client is measured (``dos.<probe>``: bench/soak/dos.py) and the
+time the daemon takes to reclaim a SIGKILLed client's shared memory (``shm_reclaim_s``,
+bench/soak/shm_reclaim.py). bench/soak/security_figures.py computes those figures.
 """
 
 from __future__ import annotations
@@ -28,10 +37,13 @@ from typing import Any
 
 from bench.run_all import BENCHES, all_met, lookup, machine_facts, verdict
 from bench.soak.cluster import Cluster
+from bench.soak.dos import DosProbes, Measure
 from bench.soak.figures import check_answers, cross_tenant_hits, during_outages, memory_figures
-from bench.soak.fuzz import HTTP_SHARE
+from bench.soak.fuzz import API_KEY_ENV, HTTP_SHARE
 from bench.soak.load import TENANTS, Answer, Load, workload
 from bench.soak.probes import Probes
+from bench.soak.security_figures import cross_tenant, forged_figures
+from bench.soak.shm_reclaim import shm_reclaim
 from bench.soak.watch import Watcher
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -48,13 +60,18 @@ class Plan:
     clients: int
     max_tokens: int
     probe_every_s: float
+    dos_window_s: float = 10.0  # each DoS probe: this long without it, then with it (bench/soak/dos.py)
+    normal_tokens: int = 24  # tokens of each answer of the DoS phase's normal client
+    salts: int = 10_000
+    salt_concurrency: int = 32  # ~55 completions/s on the 2-core machine: 10,000 salts in ~3 minutes
 
 
 QUICK = Plan(soak_s=150, warm_s=25, systems=4, questions=4, words=120, clients=6, max_tokens=10, probe_every_s=30,
              faults=((15, "daemon", 5), (35, "redis", 5), (55, "s3", 6), (80, "daemon", 5), (100, "redis", 5),
                      (118, "s3", 6)))  # fmt: skip
 FULL = Plan(soak_s=900, warm_s=60, systems=6, questions=6, words=160, clients=6, max_tokens=16, probe_every_s=60,
-            faults=tuple((40 + 70 * i, ("daemon", "redis", "s3")[i % 3], 8) for i in range(12)))  # fmt: skip
+            faults=tuple((40 + 70 * i, ("daemon", "redis", "s3")[i % 3], 8) for i in range(12)),
+            dos_window_s=20.0)  # fmt: skip
 
 
 # -- faults ----------------------------------------------------------------------------------------
@@ -81,16 +98,17 @@ class Fuzzing:
         self.runs: list[tuple[subprocess.Popen[bytes], Path]] = []
         self._start("daemon", cases - self.http_cases)
 
-    def _start(self, side: str, cases: int, *extra: str) -> None:
+    def _start(self, side: str, cases: int, *extra: str, api_key: str = "") -> None:
         out, log = self.work / f"fuzz-{side}.json", self.work / f"fuzz-{side}.log"
+        env = {**os.environ, API_KEY_ENV: api_key} if api_key else None
         with open(log, "wb") as f:
             proc = subprocess.Popen([sys.executable, "-m", "bench.soak.fuzz", "--only", side, "--fuzz-cases", str(cases),
                                      "--seed", str(self.seed), "--out", str(out), *extra], stdout=f,
-                                    stderr=subprocess.STDOUT)  # fmt: skip
+                                    stderr=subprocess.STDOUT, env=env)  # fmt: skip
         self.runs.append((proc, out))
 
-    def http(self, base: str) -> None:
-        self._start("http", self.http_cases, "--http", base)
+    def http(self, base: str, api_key: str) -> None:
+        self._start("http", self.http_cases, "--http", base, api_key=api_key)
 
     def result(self, timeout_s: float = 900) -> dict[str, Any]:
         merged: dict[str, Any] = {"cases": 0, "crashes": 0, "unauthenticated_accepted": 0, "outcomes": {},
@@ -124,6 +142,8 @@ class Record:
     watcher: Watcher
     fuzz: dict[str, Any]
     timings: dict[str, float]
+    dos: dict[str, Any]
+    reclaim: dict[str, Any]
 
 
 def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
@@ -134,10 +154,10 @@ def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
         with Cluster(work, ["--kv-memory", "96Mi"]) as cluster:
             cluster.start()
             timings = {"startup_s": time.monotonic() - t0}
-            fuzzing.http(cluster.replicas[0].base)
+            fuzzing.http(cluster.replicas[0].base, cluster.creds.api[TENANTS[-1]])
             watcher = Watcher(cluster.processes, queued=lambda role: cluster.daemon.queued_bytes()
                               if role == "daemon" else 0).start()  # fmt: skip
-            load = Load([r.base for r in cluster.replicas], MODEL, plan.max_tokens, clock=watcher.now)
+            load = Load([r.base for r in cluster.replicas], MODEL, plan.max_tokens, cluster.creds.api, clock=watcher.now)
             refs = load.references(prompts)
             n = len(load.replicas)  # prompts[::n] all went to replica 0: shifted, these go to replica 1
             again = load.references(prompts[::n][:: max(1, len(prompts) // (4 * n))][:4], shift=1)
@@ -158,30 +178,48 @@ def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
             for t in threads:
                 t.join()
             probes.once()  # a last round after every fault
+            probes.forger.close()
             timings["soak_s"] = time.monotonic() - start
             watcher.mark("end")
-            fuzz = fuzzing.result()  # the HTTP side ends before the replicas stop
+            fuzz = fuzzing.result()  # the HTTP side ends before the replicas stop, and before the DoS probes
+            t1 = time.monotonic()
+            with Measure(cluster, load, prompts[:: max(1, len(prompts) // 4)], TENANTS[0], plan.normal_tokens) as m:
+                windows = DosProbes(cluster, load, MODEL, plan.dos_window_s, plan.salts, plan.salt_concurrency).run()
+            dos = DosProbes.figures(m, windows)
+            reclaim = shm_reclaim(cluster)
+            timings["dos_s"] = time.monotonic() - t1
             watcher.stop()
     finally:
         for proc, _ in fuzzing.runs:
             if proc.poll() is None:
                 proc.kill()
-    return Record(len(prompts), refs, again, load.answers, probes, faults, watcher, fuzz, timings)
+    return Record(len(prompts), refs, again, load.answers, probes, faults, watcher, fuzz, timings, dos, reclaim)
 
 
 def figures(plan: Plan, rec: Record) -> dict[str, Any]:
     cold = {pid: a.text for pid, a in rec.refs.items() if a.error is None and a.cached == 0}
     checked = check_answers(rec.answers, {**cold, **rec.probes.reference})
-    mem = memory_figures(rec.watcher.samples, rec.watcher.marks["soak"] + plan.warm_s, plan.warm_s)
+    soaked = [s for s in rec.watcher.samples if s.t <= rec.watcher.marks["end"]]  # not the DoS phase's
+    mem = memory_figures(soaked, rec.watcher.marks["soak"] + plan.warm_s, plan.warm_s)
     fuzz = rec.fuzz
+    cross = cross_tenant(rec.probes.cross.attempts)
+    forged = forged_figures(rec.probes.forger.forgeries)
     return {
         "requests": checked.requests, "client_errors": checked.client_errors, "wrong_outputs": checked.wrong_outputs,
         "faults_injected": sum(1 for f in rec.faults if f["ok"]),
         "rss_growth_mb": mem["rss_growth_mb"], "fd_growth": mem["fd_growth"], "shm_growth_mb": mem["shm_growth_mb"],
         "fuzz_cases": fuzz["cases"], "fuzz_crashes": fuzz["crashes"],
-        "unauthenticated_accepted": rec.probes.unauth_served + fuzz["unauthenticated_accepted"],
+        "unauthenticated_accepted": rec.probes.unauth_served + rec.probes.unauth_other + fuzz["unauthenticated_accepted"],
         "cross_tenant_hits": cross_tenant_hits(rec.probes.tenant_probes),
+        "cross_tenant_reads": cross["reads"], "cross_tenant_attempts": cross["attempts"],
+        "forged_blocks_served": forged["forged_blocks_served"],
+        "forged_probes_exercised": forged["forged_probes_exercised"],
+        "shm_reclaim_s": rec.reclaim.get("shm_reclaim_s"),
+        "dos": {k: {f: v for f, v in d.items() if f != "detail"} for k, d in rec.dos.items()},
         "detail": {
+            "cross_tenant": {**cross, "rounds": rec.probes.cross.rounds, "rounds_skipped": rec.probes.skipped},
+            "forged": {**forged, "probes": [f._asdict() for f in rec.probes.forger.forgeries]},
+            "dos": {k: d.get("detail", {}) for k, d in rec.dos.items()}, "shm_reclaim": rec.reclaim,
             "faults": rec.faults, "memory": mem, "timings_s": {k: round(v, 1) for k, v in rec.timings.items()},
             "reference": {"prompts": rec.prompts, "cold": len(cold),
                           "not_cold": sorted(p for p, a in rec.refs.items() if a.error is not None or a.cached != 0),
@@ -195,6 +233,8 @@ def figures(plan: Plan, rec: Record) -> dict[str, Any]:
             "cached_tokens": sum(max(a.cached, 0) for a in rec.answers),
             "prompt_tokens": sum(a.prompt_tokens for a in rec.answers),
             "unauthenticated_probe_calls": rec.probes.unauth_sent,
+            "unauthenticated_probe_served": rec.probes.unauth_served,
+            "unauthenticated_probe_not_refused": rec.probes.unauth_other,
             "unauthenticated_fuzz_calls": sum(n for k, n in fuzz["outcomes"].items() if k.endswith(" UNAUTHENTICATED")),
             "cross_tenant_probes": len(rec.probes.tenant_probes),
             "fuzz": {k: v for k, v in fuzz.items() if k != "outcomes"},

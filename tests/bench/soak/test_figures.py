@@ -107,10 +107,15 @@ def test_answers_in_flight_during_an_outage() -> None:
 
 GOOD = {"requests": 300, "wrong_outputs": 0, "client_errors": 0, "faults_injected": 6, "fuzz_cases": 10_000,
         "fuzz_crashes": 0, "unauthenticated_accepted": 0, "cross_tenant_hits": 0, "rss_growth_mb": 12.0,
-        "fd_growth": 2, "shm_growth_mb": 0.0}  # fmt: skip
+        "fd_growth": 2, "shm_growth_mb": 0.0, "cross_tenant_reads": 0, "cross_tenant_attempts": 120,
+        "forged_blocks_served": 0, "forged_probes_exercised": 4, "shm_reclaim_s": 0.1,
+        "dos": {p: {"itl_p99_ratio": 1.1, "health_max_s": 0.05, "rss_growth_mb": 2.0, "lookup_deadline_met": True}
+                for p in ("stop_strings", "prompt_16mib", "salts", "stalled_puts", "watch_names")}}  # fmt: skip
 BAD = {"wrong_outputs": 1, "client_errors": 1, "faults_injected": 5, "fuzz_cases": 9_999, "fuzz_crashes": 1,
        "unauthenticated_accepted": 1, "cross_tenant_hits": 1, "rss_growth_mb": 50.5, "fd_growth": 6,
-       "shm_growth_mb": 64.0}  # fmt: skip
+       "shm_growth_mb": 64.0, "cross_tenant_reads": 1, "forged_blocks_served": 2, "shm_reclaim_s": 31.0,
+       "dos.stop_strings.itl_p99_ratio": 1.51, "dos.prompt_16mib.health_max_s": 1.0,
+       "dos.salts.rss_growth_mb": 20.5, "dos.stalled_puts.lookup_deadline_met": False}  # fmt: skip
 
 
 def test_every_target_is_met_by_a_good_run_and_missed_by_a_bad_value() -> None:
