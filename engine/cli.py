@@ -27,7 +27,9 @@ LIMIT_FLAGS = {"max_waiting": "API requests in flight beyond --max-num-seqs; pas
                "max_stop_strings": "stop strings per request", "max_stop_chars": "characters of one stop string",
                "max_stop_token_ids": "stop_token_ids per request",
                "max_prompt_chars": "characters of a text prompt before tokenising (0 = 16 per token of context)",
-               "max_salt_bytes": "UTF-8 bytes of a cache_salt"}
+               "max_salt_bytes": "UTF-8 bytes of a cache_salt",
+               "max_body_bytes": "bytes of one request body, refused 413 before it is read (0 = 128 per token of "
+                                 "context, at least 1 MiB)"}
 
 
 def _field_help(text: str, field: str, shown: object = None) -> str:

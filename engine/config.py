@@ -35,6 +35,7 @@ class EngineConfig:
     max_stop_chars: int = 256  # characters of one stop string
     max_stop_token_ids: int = 64
     max_prompt_chars: int = 0  # characters of a text prompt before tokenising; 0 = 16 per token of context
+    max_body_bytes: int = 0  # bytes of one request body; 0 = 128 per token of context, at least 1 MiB
     max_salt_bytes: int = 256  # UTF-8 bytes of a cache_salt
 
     def __post_init__(self) -> None:
@@ -59,7 +60,7 @@ class EngineConfig:
             if self.api_keys_file:
                 raise ValueError("tenant names the one tenant of an engine without API keys; with api_keys_file "
                                  "each key names its tenant")
-        for name in ("max_waiting", "max_stop_strings", "max_stop_token_ids", "max_prompt_chars"):
+        for name in ("max_waiting", "max_stop_strings", "max_stop_token_ids", "max_prompt_chars", "max_body_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_stop_chars", "max_salt_bytes"):

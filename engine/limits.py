@@ -19,6 +19,15 @@ from engine.errors import InvalidRequestError, OverloadedError, PromptTooLongErr
 #: ``max_prompt_chars`` = 0: this many characters per token of context (no real text comes near it:
 #: English runs ~4-5 characters a token)
 PROMPT_CHARS_PER_TOKEN = 16
+#: ``max_body_bytes`` = 0: this many bytes per token of context (16 characters a token, each up to a
+#: 6-byte JSON escape, with room for CacheBlend's document lists), and never less than MIN_BODY_BYTES.
+#: A body past it is refused 413 from its Content-Length, before a byte is read (or as soon as a
+#: chunked one passes it): reading and parsing a body holds the event loop, so a body the context
+#: could never use must not be read at all (bench.soak measured 16 MB bodies of stop strings
+#: or prompt text raising a streaming client's ITL p99 5x while each was refused after parsing).
+BODY_BYTES_PER_TOKEN = 128
+MIN_BODY_BYTES = 1 << 20
+MAX_BODY_BYTES = 16 << 20  # the derived bound's ceiling (a 128k-token context); max_body_bytes may set more
 
 
 def check_stop(cfg: EngineConfig, stop: Sequence[str], stop_token_ids: Sequence[int]) -> None:
@@ -47,6 +56,10 @@ def check_salt(cfg: EngineConfig, salt: str | None) -> None:
         raise InvalidRequestError("cache_salt must be valid Unicode text (no lone surrogates)", "cache_salt") from None
     if n > cfg.max_salt_bytes:
         raise too_long
+
+
+def body_bytes_limit(cfg: EngineConfig, max_model_len: int) -> int:
+    return cfg.max_body_bytes or min(MAX_BODY_BYTES, max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_model_len))
 
 
 def prompt_chars_limit(cfg: EngineConfig, max_model_len: int) -> int:

@@ -44,10 +44,10 @@ from engine.sampling import SamplingParams
 from engine.tenancy import ApiKeys, body_salt_error, scoped_salt
 
 CHAT_DEFAULT_MAX = 1024
-#: bytes of one request body; a larger one is answered 413 before it is read (Content-Length) or as
-#: soon as it passes the bound (chunked), so no client makes the server hold more. A 128k-token
-#: prompt as JSON token ids is ~1 MB; CacheBlend documents fit too.
-MAX_BODY_BYTES = 16 * 1024**2
+#: the most one request body may be: a larger one is answered 413 before it is read (Content-Length)
+#: or as soon as it passes the bound (chunked), so no client makes the server hold or parse more.
+#: The bound itself follows the model's context (engine/limits.py ``body_bytes_limit``).
+MAX_BODY_BYTES = limits.MAX_BODY_BYTES
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # what answers without an API key (probes, Prometheus)
 TOKENIZER_THREADS = 2  # prompts tokenised at once, off the event loop
 RETRY_AFTER = {"Retry-After": "1"}  # on a 429 or 503: seconds
@@ -124,7 +124,7 @@ def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
 
 
 def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, api_keys: ApiKeys | None = None, tenant: str = "") -> FastAPI:
+               max_body_bytes: int | None = None, api_keys: ApiKeys | None = None, tenant: str = "") -> FastAPI:
     """documents: the request builders of the plug-in that serves `documents` and `blend_separator`
     requests (kvengine serve's: CacheBlend); None refuses them. ``api_keys`` / ``tenant``: whose
     namespace each request runs in (module notes)."""
@@ -140,7 +140,8 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
         yield
         pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="tierkv engine", max_body_size=max_body_bytes, lifespan=lifespan)
+    body_bound = max_body_bytes if max_body_bytes is not None else limits.body_bytes_limit(cfg, eng.max_model_len)
+    app = FastAPI(title="tierkv engine", max_body_size=body_bound, lifespan=lifespan)
     app.add_middleware(_InFlightLimit, aengine=aengine,  # type: ignore[arg-type]
                        in_flight=limits.InFlight(cfg.max_num_seqs + cfg.max_waiting, aengine.metrics.api_in_flight.set))
     created = int(time.time())

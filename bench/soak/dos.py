@@ -7,9 +7,10 @@ a's ``/health`` and of the daemon (gRPC health Check), both under a 5 s timeout.
 aftermath counts too), and the same client meanwhile; a gap between two tokens counts against the
 probe when it overlaps the probe's window at all:
 
-- ``stop_strings``: completions with 16 stop strings of 1,000,000 characters (a 16 MB body, under
-  the 16 MiB body bound: read and parsed, then refused), one after another;
-- ``prompt_16mib``: completions whose prompt fills a body to just under 16 MiB;
+- ``stop_strings``: completions with 16 stop strings of 1,000,000 characters (a 16 MB body), one
+  after another: refused, 413 from its Content-Length since the body bound follows the context
+  (engine/limits.py; before, read and parsed on the event loop, then refused 400);
+- ``prompt_16mib``: completions whose prompt fills a body to just under 16 MiB (likewise);
 - ``one_salt_flood``: completions of a few tokens, ``salt_concurrency`` at once, all under one
   salt, for a window: what such a flood costs the normal client by itself (reported, no target);
 - ``salts``: 10,000 such completions, each with a ``cache_salt`` of its own (RSS of replica a

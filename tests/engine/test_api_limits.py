@@ -4,8 +4,8 @@ is tokenised off the event loop while /health keeps answering, and past max_num_
 requests in flight the server answers 429 with Retry-After, taking requests again once they finish.
 
 A real server process on the tiny random Llama (with SmolLM2's chat template), one request slot and one
-waiting place, and the bound on a prompt's characters raised so that the big prompt really is
-tokenised (the last test checks that bound, on an in-process server)."""
+waiting place, and the bounds on a prompt's characters and a body's bytes raised so that the big prompt
+really is tokenised (the last tests check those bounds, on in-process servers)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def server(tiny_chat, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     log = tmp_path_factory.mktemp("http") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
     with engine_server("--model", str(tiny_chat), "--threads", "1", "--kv-memory", "16Mi", "--max-num-seqs", "1",
-                       "--max-waiting", "1", "--max-prompt-chars", str(16 * 2**20), "--no-blend", env=env,
+                       "--max-waiting", "1", "--max-prompt-chars", str(16 * 2**20),
+                       "--max-body-bytes", str(32 * 2**20), "--no-blend", env=env,
                        inherit_env=False, log_path=log, timeout_s=240) as engine:  # fmt: skip
         yield engine.base
     assert "Traceback" not in log.read_text()
@@ -176,3 +177,29 @@ def test_prompt_characters_are_bounded_before_tokenising(tiny_chat) -> None:
             assert http.post("/v1/completions", json={"prompt": "a " * 999, "max_tokens": 1}).status_code == 200
     finally:
         aengine.shutdown()
+
+
+def test_a_body_the_context_could_never_use_is_413_before_it_is_parsed(tiny_chat) -> None:
+    """The bound follows the context (128 bytes a token, at least 1 MiB): with the old fixed 16 MiB the
+    3 MiB body below was read and parsed on the event loop, and only then refused (400)."""
+    from fastapi.testclient import TestClient
+
+    from engine.async_engine import AsyncEngine
+    from engine.limits import MIN_BODY_BYTES
+    from engine.server import create_app
+    from tests.fixtures_engine import make_engine
+
+    def status(body_bytes: int, **cfg: Any) -> int:
+        aengine = AsyncEngine(make_engine(load_model(str(tiny_chat)), **cfg))
+        aengine.start()
+        try:
+            with TestClient(create_app(aengine, "tiny")) as http:
+                prompt = "a " * ((body_bytes - 40) // 2)
+                return http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).status_code
+        finally:
+            aengine.shutdown()
+
+    assert status(3 * 2**20, max_model_len=1024) == 413  # 1 MiB: the floor
+    assert status(MIN_BODY_BYTES - 4096, max_model_len=1024) == 400  # read, parsed, refused: too many characters
+    assert status(3 * 2**20, max_model_len=32768) == 400  # 4 MiB for a 32k context: parsed
+    assert status(200_000, max_model_len=1024, max_body_bytes=100_000) == 413  # the flag sets it
