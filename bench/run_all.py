@@ -132,7 +132,8 @@ def summary_markdown(runs: dict[str, dict[str, Any]]) -> str:
                   f"{run['machine_after']['loadavg'][0]:.1f} after, git {m['git_revision'][:10]}"
                   f"{' (dirty)' if m['git_dirty'] else ''}", "",
                   "| figure | value | target | |", "|---|---|---|---|"]
-        for fig, value in zip(BENCHES[name], run["figures"], strict=True):
+        values = list(run["figures"])[: len(BENCHES[name])]
+        for fig, value in zip(BENCHES[name], values + [None] * (len(BENCHES[name]) - len(values)), strict=True):
             target = "—" if fig.target is None else f"{fig.better} {fig.target}"
             shown = f"{value:.3g}" if isinstance(value, float) else str(value)
             lines.append(f"| `{fig.path}` | {shown} | {target} | {verdict(value, fig)} |")
@@ -157,8 +158,21 @@ def merged(previous: Path, runs: dict[str, dict[str, Any]]) -> dict[str, dict[st
         old = json.loads(previous.read_text())
     except (OSError, ValueError):
         old = {}
-    both = {**(old if isinstance(old, dict) else {}), **runs}
-    return {n: both[n] for n in BENCHES if n in both and isinstance(both[n], dict) and "figures" in both[n]}
+    kept = {n: _refreshed(previous.parent, n, r) for n, r in (old if isinstance(old, dict) else {}).items()
+            if n in BENCHES and n not in runs and isinstance(r, dict) and "figures" in r}
+    both = {**kept, **runs}
+    return {n: both[n] for n in BENCHES if n in both}
+
+
+def _refreshed(out_dir: Path, name: str, run: dict[str, Any]) -> dict[str, Any]:
+    """An earlier run's figures read again from its JSON under today's figure list (a bench whose
+    figures changed since would otherwise no longer line up with ``BENCHES``); as recorded when the
+    JSON is gone, a figure the record lacks being missing (``summary_markdown``)."""
+    try:
+        doc = json.loads((out_dir / f"{name}_quick.json").read_text())
+    except (OSError, ValueError):
+        return run
+    return {**run, "figures": [lookup(doc, f.path) for f in BENCHES[name]]}
 
 
 def main(argv: list[str] | None = None) -> int:

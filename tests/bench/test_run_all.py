@@ -62,3 +62,28 @@ def test_an_only_run_replaces_its_sections_and_keeps_the_others(tmp_path) -> Non
     assert got["vllm"]["figures"] == [3] and got["tiers"] == old["tiers"]
     prev.write_text("not json")
     assert merged(prev, {"tiers": {"figures": [5]}}) == {"tiers": {"figures": [5]}}
+
+
+def test_kept_sections_are_read_again_under_todays_figures(tmp_path) -> None:
+    """A bench whose figure list changed since its last run: its figures are looked up again in its
+    JSON (not zipped against the new list, which crashed the summary), else shown as missing."""
+    import json
+
+    from bench.run_all import BENCHES, merged, summary_markdown
+
+    machine = {"cores": 2, "loadavg": [0.0], "git_revision": "0" * 40, "git_dirty": False}
+    run = {"figures": [1], "returncode": 0, "wall_s": 1.0, "machine_before": machine, "machine_after": machine}
+    (tmp_path / "run_all.json").write_text(json.dumps({"soak": run, "e2e": run}))
+    first = BENCHES["soak"][0].path
+    doc: dict = {}
+    node = doc
+    *parents, leaf = first.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = 42
+    (tmp_path / "soak_quick.json").write_text(json.dumps(doc))
+    got = merged(tmp_path / "run_all.json", {})
+    assert got["soak"]["figures"][0] == 42 and len(got["soak"]["figures"]) == len(BENCHES["soak"])
+    assert got["e2e"]["figures"] == [1]  # no JSON: as recorded
+    text = summary_markdown(got)
+    assert "| 42 |" in text and text.count("missing") >= len(BENCHES["e2e"]) - 1
