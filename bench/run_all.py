@@ -54,6 +54,8 @@ BENCHES: dict[str, list[Figure]] = {
     "blend": [Figure("default_ratio", None), Figure("blend_beats_reuse0", True, "=="),
               Figure("blend_beats_random", True, "=="), Figure("ttft_reps", 3), Figure("r100_identical", True, "==")],
     "soak": [Figure("requests", None), Figure("wrong_outputs", 0, "=="), Figure("client_errors", 0, "=="),
+             # #23 part 7: the wrong-output check over >= 64 prompts x 32 tokens, half its answers loaded
+             Figure("checked_prompts", 64), Figure("tokens_per_answer", 32), Figure("daemon_loaded_share", 0.5),
              Figure("faults_injected", 6), Figure("fuzz_cases", 10_000), Figure("fuzz_crashes", 0, "=="),
              Figure("unauthenticated_accepted", 0, "=="), Figure("cross_tenant_hits", 0, "=="),
              Figure("rss_growth_mb", 50, "<="), Figure("fd_growth", 5, "<="), Figure("shm_growth_mb", 0, "<="),

@@ -122,13 +122,21 @@ class Checked(NamedTuple):
     wrong_outputs: int
     errors: list[str]  # the first few, for the report
     wrong: list[str]
+    daemon_loaded: int = 0  # checked answers (no error) whose prefix had pages loaded from the daemon
+
+    @property
+    def daemon_loaded_share(self) -> float | None:
+        """Of the answers checked against a reference, the share that used KV loaded from the daemon:
+        how much of the wrong-output check covered the load path rather than the radix tree."""
+        checked = self.requests - self.client_errors
+        return round(self.daemon_loaded / checked, 3) if checked else None
 
 
 def check_answers(answers: Iterable[Any], reference: dict[str, str]) -> Checked:
     """Every answer against the cold reference of its prompt: an error is a client error, other
     text a wrong output. An answer whose prompt has no reference is a client error too (it could
     not be checked)."""
-    n = errors = wrong = 0
+    n = errors = wrong = loaded = 0
     err_list: list[str] = []
     wrong_list: list[str] = []
     for a in answers:
@@ -136,10 +144,13 @@ def check_answers(answers: Iterable[Any], reference: dict[str, str]) -> Checked:
         if a.error is not None or a.pid not in reference:
             errors += 1
             err_list.append(f"{a.pid} {a.tenant} {a.replica}: {a.error or 'no reference'}")
-        elif a.text != reference[a.pid]:
-            wrong += 1
-            wrong_list.append(f"{a.pid} {a.tenant} {a.replica} cached={a.cached}: {a.text!r} != {reference[a.pid]!r}")
-    return Checked(n, errors, wrong, err_list[:10], wrong_list[:10])
+        else:
+            loaded += a.sources.get("daemon", 0) > 0
+            if a.text != reference[a.pid]:
+                wrong += 1
+                wrong_list.append(f"{a.pid} {a.tenant} {a.replica} cached={a.cached} sources={a.sources}: "
+                                  f"{a.text!r} != {reference[a.pid]!r}")
+    return Checked(n, errors, wrong, err_list[:10], wrong_list[:10], loaded)
 
 
 def cross_tenant_hits(probes: Iterable[Any]) -> int:

@@ -91,6 +91,20 @@ def test_answers_against_the_reference() -> None:
     assert "Lyon." in c.wrong[0] and "no reference" in c.errors[1]
 
 
+def test_the_share_of_checked_answers_whose_prefix_the_daemon_loaded() -> None:
+    """Only answers checked against a reference count, and only a daemon source loads: radix hits and
+    blend reuse do not, and an errored answer is in neither side of the share."""
+    ref = {"p1": "Paris."}
+    answers = [Answer("p1", "t", "a", text="Paris.", sources={"radix": 0, "daemon": 64}),
+               Answer("p1", "t", "a", text="Paris.", sources={"radix": 128, "daemon": 0}),
+               Answer("p1", "t", "b", text="Lyon.", sources={"daemon": 16}),  # wrong, but still loaded
+               Answer("p1", "t", "b", text="Paris.", sources={"blend_reused": 32}),
+               Answer("p1", "t", "a", error="boom", sources={"daemon": 64})]  # fmt: skip
+    c = check_answers(answers, ref)
+    assert (c.daemon_loaded, c.daemon_loaded_share, c.wrong_outputs) == (2, 0.5, 1)
+    assert check_answers([], ref).daemon_loaded_share is None
+
+
 def test_cross_tenant_hits_count_only_answers_with_cached_tokens() -> None:
     probes = [Answer("x", "b", "a", cached=0), Answer("x", "c", "a", cached=16), Answer("x", "c", "a", error="e")]
     assert cross_tenant_hits(probes) == 1
@@ -105,13 +119,15 @@ def test_answers_in_flight_during_an_outage() -> None:
     assert during_outages(answers, faults, "redis") == 2  # never came back: down to the end
 
 
-GOOD = {"requests": 300, "wrong_outputs": 0, "client_errors": 0, "faults_injected": 6, "fuzz_cases": 10_000,
+GOOD = {"requests": 300, "wrong_outputs": 0, "client_errors": 0, "checked_prompts": 64, "tokens_per_answer": 32,
+        "daemon_loaded_share": 0.62, "faults_injected": 6, "fuzz_cases": 10_000,
         "fuzz_crashes": 0, "unauthenticated_accepted": 0, "cross_tenant_hits": 0, "rss_growth_mb": 12.0,
         "fd_growth": 2, "shm_growth_mb": 0.0, "cross_tenant_reads": 0, "cross_tenant_attempts": 120,
         "forged_blocks_served": 0, "forged_probes_exercised": 4, "shm_reclaim_s": 0.1,
         "dos": {p: {"itl_p99_ratio": 1.1, "health_max_s": 0.05, "rss_growth_mb": 2.0, "lookup_deadline_met": True}
                 for p in ("stop_strings", "prompt_16mib", "salts", "stalled_puts", "watch_names")}}  # fmt: skip
-BAD = {"wrong_outputs": 1, "client_errors": 1, "faults_injected": 5, "fuzz_cases": 9_999, "fuzz_crashes": 1,
+BAD = {"wrong_outputs": 1, "client_errors": 1, "checked_prompts": 16, "tokens_per_answer": 10,
+       "daemon_loaded_share": 0.4, "faults_injected": 5, "fuzz_cases": 9_999, "fuzz_crashes": 1,
        "unauthenticated_accepted": 1, "cross_tenant_hits": 1, "rss_growth_mb": 50.5, "fd_growth": 6,
        "shm_growth_mb": 64.0, "cross_tenant_reads": 1, "forged_blocks_served": 2, "shm_reclaim_s": 31.0,
        "dos.stop_strings.itl_p99_ratio": 1.51, "dos.prompt_16mib.health_max_s": 1.0,
