@@ -1,6 +1,6 @@
 """``make bench``: every quick benchmark, one after another, with the machine facts and a summary.
 
-    python -m bench.run_all [--only tiers,e2e] [--out-dir bench/results]
+    python -m bench.run_all [--only tiers,e2e] [--out-dir bench/results] [--summary-only]
 
 ``--only`` reruns those benches and keeps the other sections of the summary as they were.
 
@@ -8,9 +8,10 @@ Each bench runs in its own process (``python -m bench.NAME --quick --out DIR/NAM
 one bench's memory or threads never colour the next. Around each run we record what a reader
 needs to judge the figures: cores, load average before and after, OMP_NUM_THREADS (each bench
 records the torch threads it used), the git revision
-(and whether the tree had uncommitted changes). ``DIR/SUMMARY.md`` lists each bench's headline
-figures against their targets, read from the JSON each bench wrote — a figure that is missing is
-shown as missing, never as met.
+(and whether the tree had uncommitted changes). ``DIR/SUMMARY.md`` is one table of every bench's
+headline figures against their targets, with their spread over runs where a bench repeated them and
+the load average around each bench, read from the JSON each bench wrote — a figure that is missing
+is shown as missing, never as met.
 """
 
 from __future__ import annotations
@@ -122,24 +123,51 @@ def machine_facts() -> dict[str, Any]:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "time": time.time()}
 
 
+def spread_of(doc: Any, path: str) -> list[float] | None:
+    """[min, max, runs] of a headline repeated over runs, when its bench wrote the runs' values
+    beside it: ``<path>_runs`` (e.g. ``capacity_qps`` and ``capacity_qps_runs``), or ``runs`` beside
+    a target's ``value``. None when the bench measured it once (or does not say)."""
+    candidates = [f"{path}_runs"]
+    if path.endswith(".value"):
+        candidates.append(path[: -len("value")] + "runs")
+    for cand in candidates:
+        vals = lookup(doc, cand)
+        if isinstance(vals, list) and vals and all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals):
+            return [min(vals), max(vals), len(vals)]
+    return None
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def summary_markdown(runs: dict[str, dict[str, Any]]) -> str:
+    """One table of every headline (value, its spread over runs where the bench repeated it, target,
+    verdict, the load average around its run), then where each bench's figures came from."""
     lines = ["# Quick benchmark results", "",
              "Written by `make bench` (`python -m bench.run_all`). Each figure is read from the JSON its "
-             "bench wrote; targets come from the issues.", ""]
+             "bench wrote; targets come from the issues. *spread*: min–max over the runs a bench repeated "
+             "(— where it measured once); *load*: the 1-minute load average before → after its bench.", "",
+             "| bench | figure | value | spread | target | | load |", "|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
         m = run["machine_before"]
-        lines += [f"## {name}", "",
-                  f"`python -m bench.{name} --quick` — exit {run['returncode']}, {run['wall_s']:.0f} s, "
-                  f"{m['cores']} cores, load average {m['loadavg'][0]:.1f} before / "
-                  f"{run['machine_after']['loadavg'][0]:.1f} after, git {m['git_revision'][:10]}"
-                  f"{' (dirty)' if m['git_dirty'] else ''}", "",
-                  "| figure | value | target | |", "|---|---|---|---|"]
+        load = f"{m['loadavg'][0]:.1f} → {run['machine_after']['loadavg'][0]:.1f}"
         values = list(run["figures"])[: len(BENCHES[name])]
-        for fig, value in zip(BENCHES[name], values + [None] * (len(BENCHES[name]) - len(values)), strict=True):
+        spreads = list(run.get("spreads") or [])[: len(BENCHES[name])]
+        n = len(BENCHES[name])
+        for fig, value, spread in zip(BENCHES[name], values + [None] * (n - len(values)),
+                                      spreads + [None] * (n - len(spreads)), strict=True):
             target = "—" if fig.target is None else f"{fig.better} {fig.target}"
-            shown = f"{value:.3g}" if isinstance(value, float) else str(value)
-            lines.append(f"| `{fig.path}` | {shown} | {target} | {verdict(value, fig)} |")
-        lines.append("")
+            sp = f"{_shown(spread[0])}–{_shown(spread[1])} ({spread[2]} runs)" if spread else "—"
+            lines.append(f"| {name} | `{fig.path}` | {_shown(value)} | {sp} | {target} | {verdict(value, fig)} | {load} |")
+    lines += ["", "## Where the figures came from", ""]
+    for name, run in runs.items():
+        m = run["machine_before"]
+        lines.append(f"- {name}: `python -m bench.{name} --quick` — exit {run['returncode']}, {run['wall_s']:.0f} s, "
+                     f"{m['cores']} cores, load average {m['loadavg'][0]:.1f} before / "
+                     f"{run['machine_after']['loadavg'][0]:.1f} after, git {m['git_revision'][:10]}"
+                     f"{' (dirty)' if m['git_dirty'] else ''}")
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -150,7 +178,8 @@ def run_one(name: str, out_dir: Path) -> dict[str, Any]:
     rc = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)], cwd=ROOT).returncode
     doc = json.loads(out.read_text()) if out.exists() else {}
     return {"returncode": rc, "wall_s": time.monotonic() - t0, "machine_before": before,
-            "machine_after": machine_facts(), "figures": [lookup(doc, f.path) for f in BENCHES[name]]}
+            "machine_after": machine_facts(), "figures": [lookup(doc, f.path) for f in BENCHES[name]],
+            "spreads": [spread_of(doc, f.path) for f in BENCHES[name]]}
 
 
 def merged(previous: Path, runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -174,15 +203,18 @@ def _refreshed(out_dir: Path, name: str, run: dict[str, Any]) -> dict[str, Any]:
         doc = json.loads((out_dir / f"{name}_quick.json").read_text())
     except (OSError, ValueError):
         return run
-    return {**run, "figures": [lookup(doc, f.path) for f in BENCHES[name]]}
+    return {**run, "figures": [lookup(doc, f.path) for f in BENCHES[name]],
+            "spreads": [spread_of(doc, f.path) for f in BENCHES[name]]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(BENCHES)}")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--summary-only", action="store_true",
+                    help="run nothing: write SUMMARY.md again from the recorded runs and each bench's JSON")
     a = ap.parse_args(argv)
-    names = [n for n in a.only.split(",") if n] or list(BENCHES)
+    names = [] if a.summary_only else [n for n in a.only.split(",") if n] or list(BENCHES)
     if unknown := set(names) - set(BENCHES):
         ap.error(f"unknown bench {sorted(unknown)}; choose from {', '.join(BENCHES)}")
     out_dir = Path(a.out_dir)
@@ -191,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "run_all.json").write_text(json.dumps(runs, indent=2, default=str))
     (out_dir / "SUMMARY.md").write_text(summary_markdown(runs))
     print(summary_markdown(runs))
-    return max(runs[n]["returncode"] for n in names)
+    return max((runs[n]["returncode"] for n in names), default=0)
 
 
 if __name__ == "__main__":

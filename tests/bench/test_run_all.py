@@ -38,10 +38,26 @@ def test_summary_lists_every_figure_with_its_verdict() -> None:
            "machine_after": {**machine, "loadavg": [2.5, 1, 1]}, "figures": figs}
     md = summary_markdown({"tiers": run})
     assert "load average 1.5 before / 2.5 after" in md and "(dirty)" in md
-    rows = [ln for ln in md.splitlines() if ln.startswith("| `")]
+    rows = [ln for ln in md.splitlines() if ln.startswith("| tiers |")]
     assert len(rows) == len(BENCHES["tiers"])
-    assert rows[0].endswith("met |") and rows[1].endswith("reported |")
-    assert rows[2].endswith("MISSED |") and rows[3].endswith("missing |")
+    assert [r.split(" | ")[5] for r in rows[:4]] == ["met", "reported", "MISSED", "missing"]
+    assert all(r.endswith("| 1.5 → 2.5 |") and " | — | " in r for r in rows)  # measured once: no spread
+
+
+def test_spread_over_runs_is_read_beside_the_headline() -> None:
+    """A headline a bench repeated: its runs' values beside it give min–max in the one table; a
+    single value, a list of non-numbers or nothing gives no spread (never an invented one)."""
+    from bench.run_all import spread_of
+
+    doc = {"modes": {"cpu": {"capacity_qps": 1.5, "capacity_qps_runs": [1.25, 1.5, 2.0]}},
+           "targets": {"w": {"value": 1.1, "runs": [1.0, 1.2]}}, "x": 3, "x_runs": ["a"]}
+    assert spread_of(doc, "modes.cpu.capacity_qps") == [1.25, 2.0, 3]
+    assert spread_of(doc, "targets.w.value") == [1.0, 1.2, 2]
+    assert spread_of(doc, "x") is None and spread_of(doc, "nope") is None
+    machine = {"cores": 2, "loadavg": [0.5], "git_revision": "0" * 40, "git_dirty": False}
+    run = {"returncode": 0, "wall_s": 1.0, "machine_before": machine, "machine_after": machine,
+           "figures": [1.5], "spreads": [spread_of(doc, "modes.cpu.capacity_qps")]}
+    assert "| 1.5 | 1.25–2 (3 runs) |" in summary_markdown({"tiers": run})
 
 
 def test_unknown_bench_is_refused() -> None:
