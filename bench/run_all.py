@@ -52,8 +52,13 @@ BENCHES: dict[str, list[Figure]] = {
                 Figure("ops.unpack_verify.native_over_per_block_copy", None),
                 Figure("ops.unpack_verify_batch.native_over_memcpy", None),
                 Figure("ops.pack_checksum.native_over_memcpy", 0.7), Figure("ops.pack_checksum.native_over_fallback", 1.0)],
-    "blend": [Figure("default_ratio", None), Figure("blend_beats_reuse0", True, "=="),
-              Figure("blend_beats_random", True, "=="), Figure("ttft_reps", 3), Figure("r100_identical", True, "==")],
+    # #23 part 6: verdicts at the best r < 1 (never 1.0), our selection against random at every r < 1
+    # over >= 30 cases, TTFT with the chunks fetched from the daemon
+    "blend": [Figure("default_ratio", None), Figure("best_ratio", None), Figure("best_ratio_meets_bar", None),
+              Figure("n_requests", 30), Figure("blend_beats_reuse0", True, "=="),
+              Figure("blend_beats_random", True, "=="), Figure("selection_ge_random_every_r", True, "=="),
+              Figure("ttft_2k.best_daemon_ratio_wall", None), Figure("ttft_reps", 3),
+              Figure("r100_identical", True, "==")],
     "soak": [Figure("requests", None), Figure("wrong_outputs", 0, "=="), Figure("client_errors", 0, "=="),
              # #23 part 7: the wrong-output check over >= 64 prompts x 32 tokens, half its answers loaded
              Figure("checked_prompts", 64), Figure("tokens_per_answer", 32), Figure("daemon_loaded_share", 0.5),

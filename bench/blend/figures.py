@@ -18,6 +18,15 @@ answer_agreement
 default_ratio
     The smallest r on the curve whose continuation_f1 >= MIN_CONTINUATION_F1 and whose
     answer_agreement >= MIN_ANSWER_AGREEMENT (r = 1 is exact, so the curve always has one).
+best_ratio
+    Where the verdicts are taken: the smallest r strictly between 0 and 1 that meets the quality
+    bar, else (``best_ratio_meets_bar`` false) the r < 1 with the highest continuation_f1 — never
+    r = 1, where blend and every baseline recompute everything and agree by construction.
+selection_vs_random
+    Per r in (0, 1): the mean continuation_f1 (and KL) of our selection and of random selection
+    of the same budget with 95% confidence intervals (normal, over cases), and the paired per-case
+    difference with its interval. ``selection_ge_random_every_r``: the mean difference is >= 0 at
+    every such r.
 beats
     Method A beats B on paired cases when the mean per-case continuation_f1 gain exceeds both
     MIN_F1_GAIN and two standard errors of the paired differences, and A's answer agreement is
@@ -83,6 +92,48 @@ def default_ratio(curve: Mapping[float, Mapping[str, float]], min_f1: float = MI
     if not ok:
         raise ValueError("no ratio on the curve meets the quality threshold (r = 1 should: is it missing?)")
     return min(ok)
+
+
+def mean_ci(xs: Sequence[float], z: float = 1.96) -> list[float]:
+    """[mean, low, high]: a normal 95% interval of the mean over cases (the half-width is infinite
+    for one case: it says nothing)."""
+    if not xs:
+        raise ValueError("mean_ci needs at least one value")
+    m = statistics.fmean(xs)
+    h = z * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.inf
+    return [m, m - h, m + h]
+
+
+def best_ratio(curve: Mapping[float, Mapping[str, float]], min_f1: float = MIN_CONTINUATION_F1,
+               min_agreement: float = MIN_ANSWER_AGREEMENT) -> tuple[float | None, bool]:
+    """(r, meets the bar) of the module doc; (None, False) when the curve has no r in (0, 1)."""
+    inner = {r: p for r, p in curve.items() if 0 < r < 1}
+    if not inner:
+        return None, False
+    ok = [r for r, p in inner.items() if meets_threshold(p, min_f1, min_agreement)]
+    if ok:
+        return min(ok), True
+    return max(inner, key=lambda r: (inner[r]["continuation_f1"], -r)), False
+
+
+def selection_vs_random(stats: Mapping[str, Mapping[str, Sequence[float]]],
+                        pairs: Mapping[float, tuple[str, str]]) -> dict[str, dict[str, object]]:
+    """Per r ({r: (our method, random method)}, 0 < r < 1): F1 and KL of both with intervals, and
+    the paired F1 difference (ours - random) with its interval."""
+    out: dict[str, dict[str, object]] = {}
+    for r, (ours, rnd) in pairs.items():
+        a, b = stats[ours], stats[rnd]
+        d = [x - y for x, y in zip(a["f1"], b["f1"], strict=True)]
+        out[f"{r:g}"] = {"cases": len(d), "f1": mean_ci(a["f1"]), "random_f1": mean_ci(b["f1"]),
+                         "f1_diff": mean_ci(d), "kl": mean_ci(a["kl"]), "random_kl": mean_ci(b["kl"])}
+    return out
+
+
+def selection_ge_random_every_r(table: Mapping[str, Mapping[str, object]]) -> bool | None:
+    """True when our mean F1 is at least random's at every r of ``selection_vs_random``."""
+    if not table:
+        return None
+    return all(row["f1_diff"][0] >= 0 for row in table.values())  # type: ignore[index]
 
 
 def beats(f1_a: Sequence[float], f1_b: Sequence[float], agree_a: Sequence[float], agree_b: Sequence[float],

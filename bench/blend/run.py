@@ -24,17 +24,29 @@ full prefill, reuse_0, blend at every r and random_0.15.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
+import tempfile
 import time
 
 import torch
 
 from bench.blend.data import make_cases, timing_case
-from bench.blend.figures import MIN_ANSWER_AGREEMENT, MIN_CONTINUATION_F1, beats, default_ratio, median_timing
+from bench.blend.figures import (
+    MIN_ANSWER_AGREEMENT,
+    MIN_CONTINUATION_F1,
+    beats,
+    best_ratio,
+    default_ratio,
+    median_timing,
+    selection_ge_random_every_r,
+    selection_vs_random,
+)
 from bench.blend.quality import Method, run_quality, summarize
 from connector.blend import Blender, InProcessChunkStore, build_blend_request
+from connector.blend.daemon_store import DaemonChunkStore
 from connector.blend.selection import Selection
 from engine.model import LlamaModel
 from engine.model_loader import load_model
@@ -74,7 +86,9 @@ def _timed(fn) -> tuple[float, float]:
 
 
 def run_ttft(methods: dict[str, Method], tok, lengths: dict[str, int], reps: int, log) -> tuple[dict, dict]:
-    """{label: {"full" | method: median_timing}}, {label: prompt tokens}."""
+    """{label: {"full" | method: median_timing}}, {label: prompt tokens}. Each timing includes the
+    plan (the chunk lookup): a method whose blender's store is the daemon fetches every chunk's KV
+    from it each time."""
     ref = next(iter(methods.values()))[0]
     out: dict[str, dict[str, dict[str, float]]] = {}
     sizes: dict[str, int] = {}
@@ -83,7 +97,8 @@ def run_ttft(methods: dict[str, Method], tok, lengths: dict[str, int], reps: int
         c = timing_case(tok, target)
         ids, spec = build_blend_request(tok, c.system, c.documents, c.question)
         sizes[label] = len(ids)
-        ref.plan(spec)  # warm the chunk store: TTFT below is for cached chunks
+        for b in {id(m[0]): m[0] for m in methods.values()}.values():
+            b.plan(spec)  # warm each chunk store: TTFT below is for cached chunks
         samples: dict[str, list[tuple[float, float]]] = {"full": [], **{m: [] for m in methods}}
         for _ in range(reps):  # interleaved, so every method sees the same background load on average
             samples["full"].append(_timed(lambda ids=ids: ref.prefill(ids)))
@@ -109,16 +124,43 @@ def curve_of(methods: dict) -> dict[float, dict[str, float]]:
 
 
 def verdict(stats: dict, curve: dict[float, dict[str, float]]) -> dict:
-    """default_ratio and the beats booleans at it (bench/blend/figures.py)."""
-    r = default_ratio(curve)
-    b, rnd = method_names(r)
+    """default_ratio (the smallest r meeting the bar: 1.0, exact, when no r < 1 does), the best
+    r < 1 and the beats booleans there (never at r = 1, where they hold by construction), and our
+    selection against random at every r < 1 with intervals (bench/blend/figures.py)."""
+    r, meets = best_ratio(curve)
+    b, rnd = method_names(r) if r is not None else ("", "")
 
-    def vs(other: str) -> bool:
+    def vs(other: str) -> bool | None:
+        if not b:
+            return None
         return beats(stats[b]["f1"], stats[other]["f1"], stats[b]["agree"], stats[other]["agree"])
 
-    return {"default_ratio": r, "blend_beats_reuse0": vs("reuse_0"), "blend_beats_random": vs(rnd),
+    table = selection_vs_random(stats, {x: method_names(x) for x in RATIOS if 0 < x < 1})
+    return {"default_ratio": default_ratio(curve), "best_ratio": r, "best_ratio_meets_bar": meets,
+            "blend_beats_reuse0": vs("reuse_0"), "blend_beats_random": vs(rnd),
+            "selection_vs_random": table, "selection_ge_random_every_r": selection_ge_random_every_r(table),
             "quality_threshold": {"min_continuation_f1": MIN_CONTINUATION_F1,
                                   "min_answer_agreement": MIN_ANSWER_AGREEMENT}}
+
+
+@contextlib.contextmanager
+def daemon_blender(model: LlamaModel, fingerprint: str, work: str):
+    """A Blender whose chunk store is a real ``kvstore serve`` (cpu tier) and nothing in process:
+    every plan fetches each chunk's KV from the daemon, as an engine replica that did not compute
+    the document would."""
+    from pathlib import Path
+
+    from bench.servers import spawn_daemon
+    from kvstore.client.client import KVStoreClient
+
+    proc, address = spawn_daemon(Path(work), "--cpu", "1Gi")
+    client = KVStoreClient(address)
+    try:
+        yield Blender(model, fingerprint, DaemonChunkStore(client), selection=SELECTION)
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def load_blender(args) -> tuple[Blender, object]:
@@ -131,7 +173,7 @@ def load_blender(args) -> tuple[Blender, object]:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench.blend", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--quick", action="store_true", help="10 requests (a busy 2-core box), shorter chunks, TTFT at ~2k only")
+    ap.add_argument("--quick", action="store_true", help="30 requests (a busy 2-core box), shorter chunks, TTFT at ~2k only")
     ap.add_argument("--requests", type=int, default=0, help="override the number of requests")
     ap.add_argument("--model", default="", help="model path ('' = bundled SmolLM2-135M-Instruct)")
     ap.add_argument("--threads", type=int, default=2)
@@ -144,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.perf_counter()
     blender, lm = load_blender(args)
     if args.quick:
-        n, shape = args.requests or 10, dict(n_fact_docs=16, n_story=10, chunks=(4, 5), lo=128, hi=160)
+        n, shape = args.requests or 30, dict(n_fact_docs=16, n_story=10, chunks=(4, 5), lo=128, hi=160)
         lengths = {"2k": 2048}
     else:
         n, shape = args.requests or 200, dict(n_fact_docs=48, n_story=24, chunks=(4, 8), lo=128, hi=256)
@@ -153,7 +195,13 @@ def main(argv: list[str] | None = None) -> dict:
     cases = make_cases(lm.tokenizer, n, seed=args.seed, **shape)
     # TTFT of blend at every r, reuse_0 and random at 0.15 (random at r costs what blend at r costs)
     ttft_methods = {m: v for m, v in methods.items() if not m.startswith("random_") or m == "random_0.15"}
-    ttft, sizes = run_ttft(ttft_methods, lm.tokenizer, lengths, args.ttft_reps, log)
+    with tempfile.TemporaryDirectory(prefix="tierkv-blend-") as work, \
+            daemon_blender(blender.model, lm.fingerprint, work) as remote:  # fmt: skip
+        # blend at every r < 1 again with each chunk's KV fetched from the daemon: what a replica that
+        # did not compute the documents pays
+        fetched = {f"daemon:{m}": (remote, r, sel) for m, (_, r, sel) in methods.items()
+                   if m.startswith("blend_") and 0 < r < 1}
+        ttft, sizes = run_ttft({**ttft_methods, **fetched}, lm.tokenizer, lengths, args.ttft_reps, log)
     mean_len = statistics.fmean(len(build_blend_request(lm.tokenizer, c.system, c.documents, c.question)[0])
                                 for c in cases)
 
@@ -165,6 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
         curve = curve_of(summary)
         v = verdict(stats, curve)
         dname = method_names(v["default_ratio"])[0]
+        bname = method_names(v["best_ratio"])[0] if v["best_ratio"] is not None else dname
         t2 = ttft["2k"]
         b15, r0, rnd = summary["blend_0.15"], summary["reuse_0"], summary["random_0.15"]
         result = {
@@ -179,7 +228,12 @@ def main(argv: list[str] | None = None) -> dict:
             "ttft_reps": args.ttft_reps,
             "ttft_2k": {"full": t2["full"], "blend_default": t2[dname], "reuse_0": t2["reuse_0"],
                         "ratio_wall": t2[dname]["wall_s"] / t2["full"]["wall_s"],
-                        "ratio_cpu": t2[dname]["cpu_s"] / t2["full"]["cpu_s"]},
+                        "ratio_cpu": t2[dname]["cpu_s"] / t2["full"]["cpu_s"],
+                        # at the best r < 1, chunks warm in process and fetched from the daemon
+                        "blend_best": t2.get(bname), "blend_best_daemon": t2.get(f"daemon:{bname}"),
+                        "best_daemon_ratio_wall": (t2[f"daemon:{bname}"]["wall_s"] / t2["full"]["wall_s"]
+                                                   if f"daemon:{bname}" in t2 else None)},
+            "ttft_daemon_fetch_s": {lb: {m: t[m]["wall_s"] for m in fetched} for lb, t in ttft.items()},
             "full_prefill_ttft_s": {lb: t["full"]["wall_s"] for lb, t in ttft.items()},
             "full_prefill_ttft_cpu_s": {lb: t["full"]["cpu_s"] for lb, t in ttft.items()},
             "methods": summary,

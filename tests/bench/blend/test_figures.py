@@ -13,10 +13,13 @@ from bench.blend.figures import (
     answer_agreement,
     answer_terms,
     beats,
+    best_ratio,
     default_ratio,
     lcs_f1,
     lcs_len,
+    mean_ci,
     median_timing,
+    selection_ge_random_every_r,
     trim_at_eos,
 )
 from bench.blend.run import curve_of, method_names, verdict
@@ -102,6 +105,20 @@ def test_beats_needs_a_gain_beyond_noise():
         beats([1.0], [1.0, 0.5], [1.0], [1.0, 1.0])
 
 
+def test_mean_ci_and_best_ratio():
+    m, lo, hi = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and lo < 2.0 < hi and hi - 2.0 == pytest.approx(1.96 / 3**0.5)
+    assert mean_ci([0.5])[2] == float("inf")  # one case says nothing about the spread
+    with pytest.raises(ValueError):
+        mean_ci([])
+    curve = {0.0: _pt(0.9, 1.0), 0.15: _pt(0.7, 0.5), 0.3: _pt(0.75, 0.6), 1.0: _pt(1.0, 1.0)}
+    assert best_ratio(curve) == (0.3, False)  # reuse_0 and r = 1 are never the best r
+    curve[0.15] = _pt(0.85, 0.95)
+    assert best_ratio(curve) == (0.15, True)
+    assert best_ratio({0.0: _pt(1, 1), 1.0: _pt(1, 1)}) == (None, False)
+    assert selection_ge_random_every_r({}) is None
+
+
 def test_median_timing():
     assert median_timing([(3.0, 1.0), (1.0, 9.0), (2.0, 2.0)]) == {"wall_s": 2.0, "cpu_s": 2.0, "reps": 3}
     with pytest.raises(ValueError):
@@ -109,7 +126,7 @@ def test_median_timing():
 
 
 def _stats(f1: list[float], agree: list[float]) -> dict[str, list[float]]:
-    return {"f1": f1, "agree": agree}
+    return {"f1": f1, "agree": agree, "kl": [0.1] * len(f1)}
 
 
 def test_curve_and_verdict_from_per_case_figures():
@@ -126,11 +143,19 @@ def test_curve_and_verdict_from_per_case_figures():
     curve = curve_of(summary)
     assert curve[0.0]["random_continuation_f1"] == 0.4 and curve[1.0]["random_answer_agreement"] == 1.0
     v = verdict(stats, curve)
-    assert v["default_ratio"] == 0.15 and v["blend_beats_reuse0"] and v["blend_beats_random"]
-    # when only r = 1 meets the bar, nothing beats random: random at r = 1 is the same method
+    assert v["default_ratio"] == v["best_ratio"] == 0.15 and v["best_ratio_meets_bar"]
+    assert v["blend_beats_reuse0"] and v["blend_beats_random"] and v["selection_ge_random_every_r"]
+    assert set(v["selection_vs_random"]) == {"0.05", "0.15", "0.3", "0.5"}
+    # when only r = 1 meets the bar the default stays exact, but the verdicts are taken at the best
+    # r < 1 (0.5, the highest F1), never at 1.0 where random is the same method
     for m in per:
         if m != "blend_1.0":
             summary[m]["answer_agreement"] = 0.5
     v = verdict(stats, curve_of(summary))
-    assert v["default_ratio"] == 1.0 and v["blend_beats_reuse0"] and not v["blend_beats_random"]
+    assert v["default_ratio"] == 1.0 and v["best_ratio"] == 0.5 and not v["best_ratio_meets_bar"]
+    assert v["blend_beats_reuse0"] and v["blend_beats_random"]
+    # random ahead at one r: the every-r verdict fails, with the difference's interval below 0
+    stats["random_0.3"] = _stats([0.95 + w for w in wiggle], [1.0] * n)
+    v = verdict(stats, curve)
+    assert not v["selection_ge_random_every_r"] and v["selection_vs_random"]["0.3"]["f1_diff"][2] < 0
     assert method_names(0.15) == ("blend_0.15", "random_0.15") and method_names(0.0) == ("reuse_0", "reuse_0")
