@@ -162,14 +162,44 @@ class Load:
             t.join()
         return out
 
+    def warm(self, prompts: list[Prompt], tenants: list[str], concurrency: int = 2) -> int:
+        """Each tenant asks each system prompt once (its first question), replicas in turn, not kept:
+        every (tenant, system prompt) prefix is then in the daemon before the soak, so a soak answer
+        that misses its replica's radix tree loads it rather than computing it for the first time.
+        Returns the answers that failed (they are only a warm-up: the soak's own answers count)."""
+        firsts: dict[str, Prompt] = {}
+        for p in prompts:
+            firsts.setdefault(p.messages[0]["content"], p)
+        jobs = [(p, t, self.replicas[i % len(self.replicas)]) for i, (t, p) in
+                enumerate((t, p) for t in tenants for p in firsts.values())]
+        lock, failed = threading.Lock(), [0]
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    if not jobs:
+                        return
+                    p, tenant, replica = jobs.pop(0)
+                if self.ask(p, tenant, replica, keep=False).error is not None:
+                    with lock:
+                        failed[0] += 1
+
+        threads = [threading.Thread(target=worker) for _ in range(concurrency * len(self.replicas))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return failed[0]
+
     def run(self, prompts: list[Prompt], tenants: list[str], clients: int, stop: threading.Event,
-            seed: int) -> None:  # fmt: skip
+            seed: int, skew_every: int = 16) -> None:  # fmt: skip
         """``clients`` threads asking until ``stop``: a prompt by a skewed choice (hot prefixes
-        come back often), a tenant and a replica at random."""
+        come back often: prompt i weighs 1 / (1 + i // ``skew_every``)), a tenant and a replica at
+        random."""
 
         def client(k: int) -> None:
             rng = random.Random(seed * 100 + k)
-            weights = [1.0 / (1 + i // 3) for i in range(len(prompts))]
+            weights = [1.0 / (1 + i // skew_every) for i in range(len(prompts))]
             while not stop.is_set():
                 p = rng.choices(prompts, weights)[0]
                 self.ask(p, rng.choice(tenants), rng.choice(self.replicas))

@@ -167,6 +167,8 @@ def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
             n = len(load.replicas)  # prompts[::n] all went to replica 0: shifted, these go to replica 1
             again = load.references(prompts[::n][:: max(1, len(prompts) // (4 * n))][:4], shift=1)
             timings["reference_s"] = time.monotonic() - t0 - timings["startup_s"]
+            warm_failed = load.warm(prompts, TENANTS)  # every tenant's prefixes in the daemon first
+            timings["warm_s"] = time.monotonic() - t0 - timings["startup_s"] - timings["reference_s"]
             watcher.mark("soak")
             stop = threading.Event()
             probes = Probes(cluster, load, plan.words, seed)
@@ -198,6 +200,7 @@ def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
         for proc, _ in fuzzing.runs:
             if proc.poll() is None:
                 proc.kill()
+    timings["warm_failed"] = warm_failed
     return Record(len(prompts), refs, again, load.answers, probes, faults, watcher, fuzz, timings, dos, reclaim)
 
 
