@@ -1,7 +1,8 @@
 """DoS probes, each while a normal client is measured (bench/soak/security_figures.py ``dos_figures``).
 
 After the fault soak, with the load stopped: a normal client streams chat answers from replica a
-(its tenant's API key, ``normal_tokens`` tokens each) and health is asked every 0.25 s of replica
+(its tenant's API key, ``normal_tokens`` tokens each; in a process of its own, bench/soak/measure.py,
+so the attackers' threads never share its interpreter) and health is asked every 0.25 s of replica
 a's ``/health`` and of the daemon (gRPC health Check), both under a 5 s timeout. For each probe,
 ``window_s`` without it (the baseline), then the probe (for at least ``window_s``: a short one's
 aftermath counts too), and the same client meanwhile; a gap between two tokens counts against the
@@ -28,10 +29,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,6 +45,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.soak.cluster import Cluster
 from bench.soak.load import Answer, Load, Prompt
+from bench.soak.measure import answers_of
 from bench.soak.security_figures import dos_figures, gaps_in, health_in, ratio
 from bench.soak.tenant_probes import md
 from bench.soak.watch import sample
@@ -55,51 +61,53 @@ PROBES = ("stop_strings", "prompt_16mib", "one_salt_flood", "salts", "watch_name
 
 
 class Measure:
-    """The normal client and the health sampler, running for the whole DoS phase on the load's
-    clock; what they saw is cut into windows by time afterwards (``DosProbes.figures``)."""
+    """The normal client and the health sampler for the whole DoS phase, on the soak's clock, in a
+    process of their own (bench/soak/measure.py: sharing the attackers' interpreter would slow the
+    instrument, not the server); what they saw is cut into windows by time afterwards
+    (``DosProbes.figures``)."""
 
     def __init__(self, cluster: Cluster, load: Load, prompts: list[Prompt], tenant: str, tokens: int) -> None:
         self.cluster, self.load, self.prompts, self.tenant, self.tokens = cluster, load, prompts, tenant, tokens
         self.answers: list[Answer] = []
         self.health: list[tuple[float, float, float, float]] = []  # (asked, answered, engine s, daemon s)
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, daemon=True),
-                         threading.Thread(target=self._health, daemon=True)]  # fmt: skip
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix="tierkv-dos-measure-")
 
     def __enter__(self) -> Measure:
-        for t in self._threads:
-            t.start()
+        spec = {"replica": self.load.replicas[0], "model": self.load.model, "tokens": self.tokens,
+                "tenant": self.tenant, "api_key": self.load.api_keys[self.tenant],
+                "prompts": [[p.pid, p.messages] for p in self.prompts], "daemon": self.cluster.daemon.address,
+                "origin": time.monotonic() - self.load.clock()}  # fmt: skip
+        d = Path(self._dir.name)
+        (d / "spec.json").write_text(json.dumps(spec))
+        self._proc = subprocess.Popen([sys.executable, "-m", "bench.soak.measure", str(d / "spec.json"),
+                                       str(d / "out.json")], stderr=open(d / "log", "wb"))  # noqa: SIM115
+        deadline = time.monotonic() + 120
+        while not (d / "out.json.ready").exists():  # measuring before the first baseline starts
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self._proc.kill()
+                raise RuntimeError(f"the DoS phase's normal client did not start: {(d / 'log').read_text()[-2000:]}")
+            time.sleep(0.1)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(120)
-
-    def _client(self) -> None:
-        i = 0
-        while not self._stop.is_set():
-            self.answers.append(self.load.ask(self.prompts[i % len(self.prompts)], self.tenant, self.load.replicas[0],
-                                              keep=False, max_tokens=self.tokens))  # fmt: skip
-            i += 1
-
-    def _health(self) -> None:
-        base, clock = self.load.replicas[0], self.load.clock
-        with httpx.Client(timeout=HEALTH_TIMEOUT_S) as http:
-            while not self._stop.wait(0.25):
-                t0 = clock()
+        d = Path(self._dir.name)
+        try:
+            if self._proc is not None:
+                self._proc.terminate()
                 try:
-                    ok = http.get(base + "/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                t1 = clock()
-                try:
-                    with grpc.insecure_channel(self.cluster.daemon.address) as ch:
-                        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
-                    d = clock() - t1
-                except grpc.RpcError:
-                    d = max(clock() - t1, HEALTH_TIMEOUT_S)
-                self.health.append((t0, clock(), t1 - t0 if ok else max(t1 - t0, HEALTH_TIMEOUT_S), d))
+                    self._proc.wait(180)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+            out = d / "out.json"
+            if not out.exists():
+                raise RuntimeError(f"the DoS phase's normal client wrote nothing: {(d / 'log').read_text()[-2000:]}")
+            doc = json.loads(out.read_text())
+            self.answers = answers_of(doc)
+            self.health = [tuple(h) for h in doc["health"]]  # type: ignore[misc]
+        finally:
+            self._dir.cleanup()
 
 
 def _rss_mb(pid: int | None, n: int = 3) -> list[float]:
