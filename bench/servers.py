@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -108,13 +108,17 @@ def _is_free(port: int) -> bool:
 
 class _Process:
     """A server subprocess with its log file (None: this process's stdout and stderr), stopped
-    politely then firmly."""
+    politely then firmly.
+
+    ``prefix``: a command run in front of ``argv`` that execs it in place, such as
+    ``ip netns exec NS`` (bench/cluster/topology.py): the pid and signals are still the server's."""
 
     def __init__(self, argv: list[str], log_path: Path | None, label: str, *, cwd: Path | None = None,
-                 env: Mapping[str, str] | None = None, new_session: bool = True) -> None:
+                 env: Mapping[str, str] | None = None, new_session: bool = True,
+                 prefix: Sequence[str] = ()) -> None:
         self.label, self.log_path = label, log_path
         with open(log_path, "wb") if log_path is not None else contextlib.nullcontext() as log:
-            self.proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT if log else None,
+            self.proc = subprocess.Popen([*prefix, *argv], cwd=cwd, stdout=log, stderr=subprocess.STDOUT if log else None,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=new_session)
 
     def log_tail(self, n: int = 2000) -> str:
