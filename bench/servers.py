@@ -7,7 +7,8 @@ so each server is a context manager around a subprocess in its own temporary dir
 - ``redis_server()`` yields ``redis://127.0.0.1:PORT/0``; ``RedisServer`` is the handle behind
   it (``stop()``/``start()``/``pause()``/``resume()``), for tests that kill, restart or hang a
   server mid-run (``start=False``: the URL exists before the server does).
-- ``redis_cluster(nodes=3)`` yields the node URLs of a ready cluster (cluster_state:ok).
+- ``redis_cluster(nodes=3)`` yields the node URLs of a ready cluster (cluster_state:ok); the
+  cluster itself (replicas, failover, namespaces) is bench/cluster/redis_cluster.py.
 - ``seaweedfs_s3()`` yields an ``S3Endpoint`` (url + credentials) of ``weed server -s3``;
   ``SeaweedS3`` is its handle (the same verbs; a restart keeps its ports and data);
   ``prepare_bucket`` creates a bucket and takes its first write.
@@ -179,8 +180,8 @@ def _redis_ping(port: int, password: str | None = None) -> bool:
         return s.recv(64).startswith(b"+PONG")
 
 
-def _redis_argv(port: int, workdir: Path, extra: list[str]) -> list[str]:
-    return [find_binary("redis-server"), "--port", str(port), "--bind", LOOPBACK, "--dir", str(workdir),
+def _redis_argv(port: int, workdir: Path, extra: list[str], bind: str = LOOPBACK) -> list[str]:
+    return [find_binary("redis-server"), "--port", str(port), "--bind", bind, "--dir", str(workdir),
             "--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no", *extra]
 
 
@@ -252,40 +253,13 @@ def redis_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def redis_cluster(nodes: int = 3) -> Iterator[list[str]]:
-    """``nodes`` masters (no replicas) joined by ``redis-cli --cluster create``."""
-    with _tempdir("rcluster") as d:
-        procs: list[_Process] = []
-        try:
-            ports = []
-            for _ in range(nodes):
-                port = free_port(also_free=(10000,))  # cluster bus = port + 10000
-                wd = d / str(port)
-                wd.mkdir()
-                extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                         "--cluster-node-timeout", "3000"]
-                procs.append(_Process(_redis_argv(port, wd, extra), wd / f"redis-cluster-{port}.log",
-                                      f"redis-cluster-{port}", cwd=wd))
-                ports.append(port)
-            for port in ports:
-                _wait_until(lambda p=port: _redis_ping(p), procs, 10, "redis cluster node")
-            addrs = [f"{LOOPBACK}:{p}" for p in ports]
-            create = subprocess.run(
-                [find_binary("redis-cli"), "--cluster", "create", *addrs, "--cluster-replicas", "0",
-                 "--cluster-yes"], capture_output=True, text=True, timeout=60)
-            if create.returncode != 0:
-                raise ServerError(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
-            _wait_until(lambda: all(_cluster_ok(p) for p in ports), procs, 30, "redis cluster")
-            yield [f"redis://{a}/0" for a in addrs]
-        finally:
-            for p in procs:
-                p.stop()
+def redis_cluster(nodes: int = 3, replicas: int = 0) -> Iterator[list[str]]:
+    """``nodes`` servers on loopback joined by ``redis-cli --cluster create`` (``replicas`` per master);
+    bench/cluster/redis_cluster.py's RedisCluster is the handle behind it (kill, failover, roles)."""
+    from bench.cluster.redis_cluster import RedisClusterConfig, on_loopback
 
-
-def _cluster_ok(port: int) -> bool:
-    out = subprocess.run([find_binary("redis-cli"), "-p", str(port), "cluster", "info"],
-                         capture_output=True, text=True, timeout=5).stdout
-    return "cluster_state:ok" in out and "cluster_slots_assigned:16384" in out
+    with _tempdir("rcluster") as d, on_loopback(nodes, d, RedisClusterConfig(replicas=replicas)) as cluster:
+        yield cluster.urls
 
 
 @dataclass(frozen=True)
