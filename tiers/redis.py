@@ -6,7 +6,8 @@ Why these choices:
 - ``contains_many`` (the store's lookup) is one non-transactional pipeline: one round trip on a
   single server; redis-py's cluster pipeline splits per node, so the same code works on both.
 - Short socket timeouts and a single reconnect attempt without backoff: a dead or hung server
-  becomes TierUnavailable in about ``socket_timeout_s``, never a hang. ``connect=False`` builds
+  becomes TierUnavailable in about ``socket_timeout_s``, never a hang. So does a cluster failing
+  over (CLUSTERDOWN, MASTERDOWN, TRYAGAIN): transient, the breaker retries it. ``connect=False`` builds
   the client without touching the server (the daemon starts while Redis is down; ``probe``
   connects later). Refused credentials are
   TierAuthError ("authentication failed"), not "cannot reach".
@@ -41,7 +42,11 @@ from tiers.errors import BlockTooLarge, StoredValueTooLarge, TierAuthError, Tier
 from tiers.redact import redact_url
 
 log = logging.getLogger(__name__)
-_UNREACHABLE = (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError, rex.RedisClusterException, OSError)
+_UNREACHABLE = (rex.ConnectionError, rex.TimeoutError, rex.RedisClusterException, OSError)
+# A cluster's answers while it fails over or moves slots: transient, the server is there but cannot
+# serve this key now (CLUSTERDOWN, MASTERDOWN - a ClusterDownError - and TRYAGAIN). They derive from
+# ResponseError, so they are caught before it.
+_FAILING_OVER = (rex.ClusterDownError, rex.TryAgainError)
 
 
 def _glob_escape(raw: bytes) -> bytes:
@@ -145,6 +150,8 @@ class RedisTier(Tier):
             return fn(*args, **kw)
         except rex.AuthenticationError as e:  # before _UNREACHABLE: it derives from ConnectionError
             raise TierAuthError(self.name, f"{what}: authentication failed ({e})") from e
+        except _FAILING_OVER as e:
+            raise TierUnavailable(self.name, f"{what}: the cluster cannot serve this key now: {e}") from e
         except rex.ResponseError as e:
             if str(e).startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
                 raise TierAuthError(self.name, f"{what}: authentication failed ({e})") from e
