@@ -75,6 +75,15 @@ class RedisCluster:
 
     def start_node(self, i: int) -> None:
         """(Re)start node ``i`` on its place and data directory (its nodes.conf says who it was)."""
+        self._spawn_node(i)
+        self._wait_pong(i)
+
+    def _wait_pong(self, i: int) -> None:
+        proc = self._procs[i]
+        assert proc is not None
+        _wait_until(lambda: self.cli(i, "ping").strip() == "PONG", [proc], 10, proc.label)
+
+    def _spawn_node(self, i: int) -> None:
         p = self.places[i]
         wd = self.workdir / f"{p.host}-{p.port}"
         wd.mkdir(parents=True, exist_ok=True)
@@ -82,9 +91,8 @@ class RedisCluster:
                  "--cluster-node-timeout", str(self.config.node_timeout_ms),
                  "--cluster-replica-validity-factor", "0"]  # a replica always may take over
         label = f"redis-cluster-{p.host}:{p.port}"
-        self._procs[i] = proc = _Process(_redis_argv(p.port, wd, extra, bind=p.host), wd / "redis.log", label,
-                                         cwd=wd, prefix=p.prefix)
-        _wait_until(lambda: self.cli(i, "ping").strip() == "PONG", [proc], 10, label)
+        self._procs[i] = _Process(_redis_argv(p.port, wd, extra, bind=p.host), wd / "redis.log", label,
+                                  cwd=wd, prefix=p.prefix)
 
     def kill(self, i: int) -> None:
         """SIGKILL node ``i``: no shutdown path runs, its replica is promoted after the node timeout."""
@@ -103,8 +111,10 @@ class RedisCluster:
 
     # -- the cluster --------------------------------------------------------------------------
     def start(self) -> None:
+        for i in range(len(self.places)):  # all at once, then wait for each
+            self._spawn_node(i)
         for i in range(len(self.places)):
-            self.start_node(i)
+            self._wait_pong(i)
         addrs = [f"{p.host}:{p.port}" for p in self.places]
         create = subprocess.run(
             [*self.places[0].prefix, find_binary("redis-cli"), "--cluster", "create", *addrs,
