@@ -364,14 +364,16 @@ DAEMON_READY = "kvstore listening on "
 
 def spawn_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None = None,
                  log_path: Path | None = None, listen: str = "127.0.0.1:0",
-                 timeout_s: float = 60.0) -> tuple[subprocess.Popen[str], str]:
+                 timeout_s: float = 60.0, prefix: Sequence[str] = ()) -> tuple[subprocess.Popen[str], str]:
     """Start ``kvstore serve`` with its cache under ``cache_dir``; return (process, address) once serving.
 
     The daemon prints ``kvstore listening on HOST:PORT`` once it serves; we read that line rather than
     guess a port, so several daemons can start at once without racing for one. Each uses the token
     file a client of this process finds by default (kvstore/server/auth.py), so callers pass no token,
     unless it is given its own token or a credentials file (kvstore/server/credentials.py).
-    stderr goes to ``log_path`` (appended) or is discarded. Raises RuntimeError if it does not come up."""
+    stderr goes to ``log_path`` (appended) or is discarded. Raises RuntimeError if it does not come up.
+    ``prefix``: a command that execs the daemon in place, such as ``ip netns exec NS`` (a node of
+    bench/cluster/topology.py); the address printed is then one inside that namespace."""
     from kvstore.server.auth import default_token_file
 
     argv = [sys.executable, "-m", "kvstore", "serve", "--listen", listen, *flags]
@@ -390,7 +392,7 @@ def spawn_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None 
         full_env["TIERKV_MAC_SECRET_FILE"] = str(mac_file)
     err = open(log_path, "a") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)
+        proc = subprocess.Popen([*prefix, *argv], stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)
     finally:
         if log_path is not None:
             err.close()  # type: ignore[union-attr]
