@@ -125,3 +125,22 @@ def test_master_killed_while_a_client_writes_and_reads(make_topology: Callable[.
         assert all(tier.get(b"after-%d" % j) == _value(b"after-%d" % j) for j in range(20))
         assert outcomes["put unavailable"] + outcomes["read unavailable"] > 0, f"the kill was not seen: {outcomes}"
         tier.close()
+
+        # A client started now (a daemon restarting) and told only of the dead master never finds
+        # the healthy cluster; told of several nodes (comma-separated urls), it finds the others.
+        with pytest.raises(TierUnavailable):
+            RedisTier(cluster.urls[victim], 64 << 20, cluster=True, connect_timeout_s=0.5)
+        several = RedisTier(f"{cluster.urls[victim]},{cluster.urls[heir]}", 64 << 20, cluster=True,
+                            socket_timeout_s=1.0, connect_timeout_s=0.5)
+        assert [k for k in before if several.get(k) != _value(k)] == []
+        several.close()
+
+
+def test_several_startup_urls_are_for_cluster_mode_and_carry_no_second_password() -> None:
+    with pytest.raises(TierError, match="cluster"):
+        RedisTier("redis://127.0.0.1:1/0,redis://127.0.0.1:2/0", 1 << 20, connect=False)
+    with pytest.raises(TierError, match="first url") as caught:
+        RedisTier("redis://:pw1@127.0.0.1:1/0,redis://:sekrit@127.0.0.1:2/0", 1 << 20, cluster=True, connect=False)
+    assert "sekrit" not in str(caught.value) and "pw1" not in str(caught.value)
+    tier = RedisTier("redis://:pw1@127.0.0.1:1/0,redis://127.0.0.1:2/0", 1 << 20, cluster=True, connect=False)
+    assert tier.where == "redis://:***@127.0.0.1:1/0,redis://127.0.0.1:2/0"

@@ -1,5 +1,5 @@
 """A daemon per node, sharing a real Redis Cluster (3 masters + 3 replicas, each in its own namespace):
-node B serves the blocks node A put, through Redis, with every byte right; node B cut off from the
+node B (told of every cluster node: --redis URL,URL,...) serves the blocks node A put, through Redis, with every byte right; node B cut off from the
 cluster answers misses (never other bytes) and serves them again once its link is back, by itself.
 (A master's failover is tested through RedisTier in tests/tiers/test_redis_failover.py.)"""
 
@@ -28,7 +28,7 @@ def test_node_b_reads_what_node_a_put_through_redis_cluster(make_topology: Calla
     config = RedisClusterConfig(replicas=1, node_timeout_ms=1000)
     with in_topology(topo, SERVICES, tmp_path / "redis", config) as cluster, \
             NodeDaemon(topo, "node0", tmp_path, cluster.urls[0], "--cpu", "4MiB") as a, \
-            NodeDaemon(topo, "node1", tmp_path, cluster.urls[1], "--cpu", "4MiB") as b:  # fmt: skip
+            NodeDaemon(topo, "node1", tmp_path, ",".join(cluster.urls), "--cpu", "4MiB") as b:  # fmt: skip
         assert sorted(r or "" for r in cluster.roles()) == ["master"] * 3 + ["slave"] * 3
         assert all(len(cluster.replicas_of(m)) == 1 for m in cluster.masters())
 
