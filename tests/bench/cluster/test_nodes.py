@@ -1,6 +1,7 @@
 """A daemon per node, sharing a real Redis Cluster (3 masters + 3 replicas, each in its own namespace):
-node B (told of every cluster node: --redis URL,URL,...) serves the blocks node A put, through Redis, with every byte right; node B cut off from the
-cluster answers misses (never other bytes) and serves them again once its link is back, by itself.
+node B (told of every cluster node: --redis URL,URL,...) serves the blocks node A put, through
+Redis, with every byte right; node B cut off from the cluster answers misses (never other bytes)
+and serves them again once its link is back, by itself.
 (A master's failover is tested through RedisTier in tests/tiers/test_redis_failover.py.)"""
 
 from __future__ import annotations
