@@ -10,14 +10,13 @@ store falls through and its breaker retries, instead of treating the tier as bro
 from __future__ import annotations
 
 import hashlib
-import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis.exceptions as rex
 
+from bench.cluster.failover import drive_failover
 from bench.cluster.redis_cluster import RedisClusterConfig, in_topology
 from bench.cluster.topology import Topology
 from tests.bench.cluster.conftest import make_topology  # noqa: F401 - the fixture, shared
@@ -82,48 +81,17 @@ def test_master_killed_while_a_client_writes_and_reads(make_topology: Callable[.
         victim = cluster.masters()[0]
         heir = cluster.replicas_of(victim)[0]
 
-        outcomes: Counter[str] = Counter()
-        wrong: list[bytes] = []
-        during: list[bytes] = []
-        killed_at = time.monotonic()
-        cluster.kill(victim)
-        promoted, clean, i = False, 0, 0
-        # Alternate a new write and a read of an old block until, after the promotion, a run of
-        # operations reading every old block once has all succeeded (redis-py refreshes its slot
-        # map on the command after the one that failed, so one more failure after the promotion
-        # is expected, not a stall).
-        while not (promoted and clean >= len(before)):
-            assert time.monotonic() - killed_at < RECOVERY_DEADLINE_S, f"no recovery: {outcomes}"
-            key, old = b"during-%d" % i, before[i % len(before)]
-            i += 1
-            ok = True
-            try:
-                tier.put(key, _value(key))
-                during.append(key)
-            except TierUnavailable:
-                outcomes["put unavailable"] += 1
-                ok = False
-            try:
-                got = tier.get(old)
-                outcomes["read hit" if got is not None else "read miss"] += 1
-                if got is not None and got != _value(old):
-                    wrong.append(old)
-                ok = ok and got is not None
-            except TierUnavailable:
-                outcomes["read unavailable"] += 1
-                ok = False
-            promoted = promoted or cluster.roles()[heir] == "master"
-            clean = clean + 1 if promoted and ok else 0
+        seen = drive_failover(cluster, tier, victim, heir, before, _value, RECOVERY_DEADLINE_S)
         cluster.wait_promoted(heir)
 
-        assert wrong == [], f"wrong bytes for {wrong}"
+        assert seen.wrong == [], f"wrong bytes for {seen.wrong}"
         assert [k for k in before if tier.get(k) != _value(k)] == [], "a replicated block was lost"
-        for key in during:  # acknowledged mid-failover: the bytes written, or lost (a miss), never others
+        for key in seen.during:  # acknowledged mid-failover: the bytes written, or lost (a miss), never others
             assert tier.get(key) in (_value(key), None)
         for j in range(20):
             tier.put(b"after-%d" % j, _value(b"after-%d" % j))
         assert all(tier.get(b"after-%d" % j) == _value(b"after-%d" % j) for j in range(20))
-        assert outcomes["put unavailable"] + outcomes["read unavailable"] > 0, f"the kill was not seen: {outcomes}"
+        assert seen.unavailable > 0, f"the kill was not seen: {seen.outcomes}"
         tier.close()
 
         # A client started now (a daemon restarting) and told only of the dead master never finds
