@@ -124,7 +124,7 @@ class RedisCluster:
             raise ServerError(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
         self.wait_ok()
         if self.config.replicas:
-            self._wait(lambda: len(self.masters()) * (self.config.replicas + 1) == len(self.places),
+            self.wait_until(lambda: len(self.masters()) * (self.config.replicas + 1) == len(self.places),
                        "every replica attached")
 
     def ok(self, i: int) -> bool:
@@ -133,7 +133,7 @@ class RedisCluster:
 
     def wait_ok(self, timeout_s: float | None = None) -> None:
         """Until every live node says cluster_state:ok with all slots assigned."""
-        self._wait(lambda: all(self.ok(i) for i in range(len(self.places)) if self.alive(i)),
+        self.wait_until(lambda: all(self.ok(i) for i in range(len(self.places)) if self.alive(i)),
                    "redis cluster_state:ok", timeout_s)
 
     def roles(self) -> list[str | None]:
@@ -164,15 +164,15 @@ class RedisCluster:
             slaves = [v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit()]
             return bool(slaves) and all(f"offset={offset}," in v + "," for v in slaves)
 
-        self._wait(caught_up, f"replicas of node {i} caught up", timeout_s)
+        self.wait_until(caught_up, f"replicas of node {i} caught up", timeout_s)
 
     def wait_promoted(self, i: int, timeout_s: float | None = None) -> None:
         """Until node ``i`` (a replica of a killed master) is master and the live nodes are ok again."""
-        self._wait(lambda: self.alive(i) and self.cli(i, "role").startswith("master"), f"node {i} promoted",
+        self.wait_until(lambda: self.alive(i) and self.cli(i, "role").startswith("master"), f"node {i} promoted",
                    timeout_s)
         self.wait_ok(timeout_s)
 
-    def _wait(self, ready: Callable[[], bool], what: str, timeout_s: float | None = None) -> None:
+    def wait_until(self, ready: Callable[[], bool], what: str, timeout_s: float | None = None) -> None:
         live = [p for p in self._procs if p is not None and p.proc.poll() is None]
         _wait_until(ready, live, timeout_s or self.config.ready_timeout_s, what, every_s=0.1)
 
