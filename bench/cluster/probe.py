@@ -48,8 +48,7 @@ def one_failover(cluster: RedisCluster, tier: RedisTier, run: int, blocks: int) 
     before = [f"before-{run}-{i}".encode() for i in range(blocks)]
     for key in before:
         tier.put(key, value_of(key))
-    for m in cluster.masters():
-        cluster.wait_replicated(m)
+    cluster.wait_replicated()
     victim = cluster.masters()[0]
     heir = cluster.replicas_of(victim)[0]
     seen = drive_failover(cluster, tier, victim, heir, before, value_of, tag=f"during-{run}")

@@ -9,10 +9,10 @@ of a Topology, each on its own address). bench/servers.py's ``redis_cluster()`` 
 loopback ports.
 
 Failover is on (Redis's default): ``kill(i)`` SIGKILLs a node, ``wait_ok()`` waits until the live
-nodes agree again, ``wait_promoted(j)`` until replica j has taken over, ``roles()``/``masters()`` say who is master now, and ``wait_replicated(i)``
-waits until master i's replicas have all it acknowledged (replication is asynchronous: a write
-answered just before a master dies may be lost; the cluster serves a miss for it, never other
-bytes). ``start_node(i)`` brings a killed node back with its nodes.conf (it rejoins as a replica).
+nodes agree again, ``wait_promoted(j)`` until replica j has taken over, ``roles()``/``masters()``
+say who is master now, and ``wait_replicated()`` waits until the masters' replicas have
+acknowledged all they were sent (replication is asynchronous: a write answered just before a
+master dies may be lost; the cluster serves a miss for it, never other bytes). ``start_node(i)`` brings a killed node back with its nodes.conf (it rejoins as a replica).
 """
 
 from __future__ import annotations
@@ -154,17 +154,19 @@ class RedisCluster:
         return [j for line in info.splitlines() if line.startswith("slave")
                 for key, j in peers.items() if key + "," in line + ","]
 
-    def wait_replicated(self, i: int, timeout_s: float | None = None) -> None:
-        """Until each replica of master ``i`` has acknowledged all of its replication stream."""
+    def wait_replicated(self, *masters: int, timeout_s: float | None = None) -> None:
+        """Until each replica of each of ``masters`` (none given: every master now) has acknowledged
+        all of its master's replication stream (replicas acknowledge once a second: one wait for all)."""
+        todo = list(masters) or self.masters()
 
-        def caught_up() -> bool:
+        def caught_up(i: int) -> bool:
             info = dict(line.split(":", 1) for line in self.cli(i, "info", "replication").splitlines()
                         if ":" in line)
             offset = int(info["master_repl_offset"])
             slaves = [v for k, v in info.items() if k.startswith("slave") and k[5:].isdigit()]
             return bool(slaves) and all(f"offset={offset}," in v + "," for v in slaves)
 
-        self.wait_until(caught_up, f"replicas of node {i} caught up", timeout_s)
+        self.wait_until(lambda: all([caught_up(i) for i in todo]), f"replicas of nodes {todo} caught up", timeout_s)
 
     def wait_promoted(self, i: int, timeout_s: float | None = None) -> None:
         """Until node ``i`` (a replica of a killed master) is master and the live nodes are ok again."""

@@ -76,8 +76,7 @@ def test_master_killed_while_a_client_writes_and_reads(make_topology: Callable[.
         before = [b"before-%d" % i for i in range(60)]  # spread over the three masters' slots
         for key in before:
             tier.put(key, _value(key))
-        for m in cluster.masters():
-            cluster.wait_replicated(m)
+        cluster.wait_replicated()
         victim = cluster.masters()[0]
         heir = cluster.replicas_of(victim)[0]
 
