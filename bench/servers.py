@@ -271,9 +271,12 @@ class S3Endpoint:
 
 
 class SeaweedS3(_Pausable):
-    """``weed server`` (master + volume + filer + s3 gateway) with one admin identity."""
+    """``weed server`` (master + volume + filer + s3 gateway) with one admin identity.
 
-    def __init__(self, workdir: Path, start: bool = True) -> None:
+    ``netns``: run it inside that network namespace on ``host`` (its address there; a service of
+    bench/cluster/topology.py), its readiness checked from a thread inside it too."""
+
+    def __init__(self, workdir: Path, start: bool = True, *, host: str = LOOPBACK, netns: str | None = None) -> None:
         key, secret = "tierkv" + secrets.token_hex(4), secrets.token_hex(16)
         cfg = workdir / "s3.json"
         ident = {"name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
@@ -284,7 +287,7 @@ class SeaweedS3(_Pausable):
         # Every listener gets an explicit free port (gRPC ones too: their default is port+10000).
         names = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")
         p = dict(zip(names, distinct_free_ports(len(names)), strict=True))
-        argv = [find_binary("weed"), "server", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}", f"-dir={data}",
+        argv = [find_binary("weed"), "server", f"-ip={host}", f"-ip.bind={host}", f"-dir={data}",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
                 "-master.volumeSizeLimitMB=1024", "-master.telemetry=false",
                 "-master.electionTimeout=1s", "-master.heartbeatInterval=200ms",  # a restart elects itself at once
@@ -293,8 +296,8 @@ class SeaweedS3(_Pausable):
                 "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
                 "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={cfg}",
                 "-s3.port.iceberg=0", "-s3.port.lance=0"]
-        self.endpoint = S3Endpoint(f"http://{LOOPBACK}:{p['s3']}", key, secret)
-        self._ports = list(p.values())
+        self.endpoint = S3Endpoint(f"http://{host}:{p['s3']}", key, secret)
+        self._ports, self._netns = list(p.values()), netns
         self._argv, self._workdir = argv, workdir
         self._p: _Process | None = None
         if start:
@@ -303,10 +306,23 @@ class SeaweedS3(_Pausable):
     def start(self, timeout_s: float = 60.0) -> None:
         """(Re)start on the same ports and data directory: buckets and objects survive."""
         self.stop()
-        self._p = _Process(self._argv, self._workdir / "weed.log", "weed", cwd=self._workdir)
+        prefix: list[str] = []
+        if self._netns is not None:
+            from bench.cluster.netns import exec_prefix
+
+            prefix = exec_prefix(self._netns)
+        self._p = _Process(self._argv, self._workdir / "weed.log", "weed", cwd=self._workdir, prefix=prefix)
         _start_or_stop(self._p, self._list_buckets, timeout_s, "seaweedfs s3")
 
     def _list_buckets(self) -> bool:
+        if self._netns is not None:
+            from bench.cluster.netns import entered
+
+            with entered(self._netns):  # the client's sockets are made (and stay) in the namespace
+                return self._list_buckets_here()
+        return self._list_buckets_here()
+
+    def _list_buckets_here(self) -> bool:
         import boto3
         import botocore.config
 
