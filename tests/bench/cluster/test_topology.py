@@ -134,3 +134,15 @@ def test_a_prefix_in_use_is_refused_and_left_alone(make_topology: MakeTopology) 
 def test_config_is_checked(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         TopologyConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_no_root_means_namespaces_unavailable_not_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.cluster.topology import NamespacesUnavailable
+
+    netns.unavailable.cache_clear()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    try:
+        with pytest.raises(NamespacesUnavailable, match="need root"):
+            Topology(TopologyConfig(nodes=1, services=()))
+    finally:
+        netns.unavailable.cache_clear()  # the next test asks again, as root
