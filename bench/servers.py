@@ -7,7 +7,8 @@ so each server is a context manager around a subprocess in its own temporary dir
 - ``redis_server()`` yields ``redis://127.0.0.1:PORT/0``; ``RedisServer`` is the handle behind
   it (``stop()``/``start()``/``pause()``/``resume()``), for tests that kill, restart or hang a
   server mid-run (``start=False``: the URL exists before the server does).
-- ``redis_cluster(nodes=3)`` yields the node URLs of a ready cluster (cluster_state:ok).
+- ``redis_cluster(nodes=3)`` yields the node URLs of a ready cluster (cluster_state:ok); the
+  cluster itself (replicas, failover, namespaces) is bench/cluster/redis_cluster.py.
 - ``seaweedfs_s3()`` yields an ``S3Endpoint`` (url + credentials) of ``weed server -s3``;
   ``SeaweedS3`` is its handle (the same verbs; a restart keeps its ports and data);
   ``prepare_bucket`` creates a bucket and takes its first write.
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -108,13 +109,17 @@ def _is_free(port: int) -> bool:
 
 class _Process:
     """A server subprocess with its log file (None: this process's stdout and stderr), stopped
-    politely then firmly."""
+    politely then firmly.
+
+    ``prefix``: a command run in front of ``argv`` that execs it in place, such as
+    ``ip netns exec NS`` (bench/cluster/topology.py): the pid and signals are still the server's."""
 
     def __init__(self, argv: list[str], log_path: Path | None, label: str, *, cwd: Path | None = None,
-                 env: Mapping[str, str] | None = None, new_session: bool = True) -> None:
+                 env: Mapping[str, str] | None = None, new_session: bool = True,
+                 prefix: Sequence[str] = ()) -> None:
         self.label, self.log_path = label, log_path
         with open(log_path, "wb") if log_path is not None else contextlib.nullcontext() as log:
-            self.proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT if log else None,
+            self.proc = subprocess.Popen([*prefix, *argv], cwd=cwd, stdout=log, stderr=subprocess.STDOUT if log else None,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=new_session)
 
     def log_tail(self, n: int = 2000) -> str:
@@ -175,8 +180,8 @@ def _redis_ping(port: int, password: str | None = None) -> bool:
         return s.recv(64).startswith(b"+PONG")
 
 
-def _redis_argv(port: int, workdir: Path, extra: list[str]) -> list[str]:
-    return [find_binary("redis-server"), "--port", str(port), "--bind", LOOPBACK, "--dir", str(workdir),
+def _redis_argv(port: int, workdir: Path, extra: list[str], bind: str = LOOPBACK) -> list[str]:
+    return [find_binary("redis-server"), "--port", str(port), "--bind", bind, "--dir", str(workdir),
             "--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no", *extra]
 
 
@@ -248,40 +253,13 @@ def redis_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def redis_cluster(nodes: int = 3) -> Iterator[list[str]]:
-    """``nodes`` masters (no replicas) joined by ``redis-cli --cluster create``."""
-    with _tempdir("rcluster") as d:
-        procs: list[_Process] = []
-        try:
-            ports = []
-            for _ in range(nodes):
-                port = free_port(also_free=(10000,))  # cluster bus = port + 10000
-                wd = d / str(port)
-                wd.mkdir()
-                extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                         "--cluster-node-timeout", "3000"]
-                procs.append(_Process(_redis_argv(port, wd, extra), wd / f"redis-cluster-{port}.log",
-                                      f"redis-cluster-{port}", cwd=wd))
-                ports.append(port)
-            for port in ports:
-                _wait_until(lambda p=port: _redis_ping(p), procs, 10, "redis cluster node")
-            addrs = [f"{LOOPBACK}:{p}" for p in ports]
-            create = subprocess.run(
-                [find_binary("redis-cli"), "--cluster", "create", *addrs, "--cluster-replicas", "0",
-                 "--cluster-yes"], capture_output=True, text=True, timeout=60)
-            if create.returncode != 0:
-                raise ServerError(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
-            _wait_until(lambda: all(_cluster_ok(p) for p in ports), procs, 30, "redis cluster")
-            yield [f"redis://{a}/0" for a in addrs]
-        finally:
-            for p in procs:
-                p.stop()
+def redis_cluster(nodes: int = 3, replicas: int = 0) -> Iterator[list[str]]:
+    """``nodes`` servers on loopback joined by ``redis-cli --cluster create`` (``replicas`` per master);
+    bench/cluster/redis_cluster.py's RedisCluster is the handle behind it (kill, failover, roles)."""
+    from bench.cluster.redis_cluster import RedisClusterConfig, on_loopback
 
-
-def _cluster_ok(port: int) -> bool:
-    out = subprocess.run([find_binary("redis-cli"), "-p", str(port), "cluster", "info"],
-                         capture_output=True, text=True, timeout=5).stdout
-    return "cluster_state:ok" in out and "cluster_slots_assigned:16384" in out
+    with _tempdir("rcluster") as d, on_loopback(nodes, d, RedisClusterConfig(replicas=replicas)) as cluster:
+        yield cluster.urls
 
 
 @dataclass(frozen=True)
@@ -293,9 +271,12 @@ class S3Endpoint:
 
 
 class SeaweedS3(_Pausable):
-    """``weed server`` (master + volume + filer + s3 gateway) with one admin identity."""
+    """``weed server`` (master + volume + filer + s3 gateway) with one admin identity.
 
-    def __init__(self, workdir: Path, start: bool = True) -> None:
+    ``netns``: run it inside that network namespace on ``host`` (its address there; a service of
+    bench/cluster/topology.py), its readiness checked from a thread inside it too."""
+
+    def __init__(self, workdir: Path, start: bool = True, *, host: str = LOOPBACK, netns: str | None = None) -> None:
         key, secret = "tierkv" + secrets.token_hex(4), secrets.token_hex(16)
         cfg = workdir / "s3.json"
         ident = {"name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
@@ -306,7 +287,7 @@ class SeaweedS3(_Pausable):
         # Every listener gets an explicit free port (gRPC ones too: their default is port+10000).
         names = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")
         p = dict(zip(names, distinct_free_ports(len(names)), strict=True))
-        argv = [find_binary("weed"), "server", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}", f"-dir={data}",
+        argv = [find_binary("weed"), "server", f"-ip={host}", f"-ip.bind={host}", f"-dir={data}",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
                 "-master.volumeSizeLimitMB=1024", "-master.telemetry=false",
                 "-master.electionTimeout=1s", "-master.heartbeatInterval=200ms",  # a restart elects itself at once
@@ -315,8 +296,8 @@ class SeaweedS3(_Pausable):
                 "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
                 "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={cfg}",
                 "-s3.port.iceberg=0", "-s3.port.lance=0"]
-        self.endpoint = S3Endpoint(f"http://{LOOPBACK}:{p['s3']}", key, secret)
-        self._ports = list(p.values())
+        self.endpoint = S3Endpoint(f"http://{host}:{p['s3']}", key, secret)
+        self._ports, self._netns = list(p.values()), netns
         self._argv, self._workdir = argv, workdir
         self._p: _Process | None = None
         if start:
@@ -325,10 +306,23 @@ class SeaweedS3(_Pausable):
     def start(self, timeout_s: float = 60.0) -> None:
         """(Re)start on the same ports and data directory: buckets and objects survive."""
         self.stop()
-        self._p = _Process(self._argv, self._workdir / "weed.log", "weed", cwd=self._workdir)
+        prefix: list[str] = []
+        if self._netns is not None:
+            from bench.cluster.netns import exec_prefix
+
+            prefix = exec_prefix(self._netns)
+        self._p = _Process(self._argv, self._workdir / "weed.log", "weed", cwd=self._workdir, prefix=prefix)
         _start_or_stop(self._p, self._list_buckets, timeout_s, "seaweedfs s3")
 
     def _list_buckets(self) -> bool:
+        if self._netns is not None:
+            from bench.cluster.netns import entered
+
+            with entered(self._netns):  # the client's sockets are made (and stay) in the namespace
+                return self._list_buckets_here()
+        return self._list_buckets_here()
+
+    def _list_buckets_here(self) -> bool:
         import boto3
         import botocore.config
 
@@ -386,14 +380,16 @@ DAEMON_READY = "kvstore listening on "
 
 def spawn_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None = None,
                  log_path: Path | None = None, listen: str = "127.0.0.1:0",
-                 timeout_s: float = 60.0) -> tuple[subprocess.Popen[str], str]:
+                 timeout_s: float = 60.0, prefix: Sequence[str] = ()) -> tuple[subprocess.Popen[str], str]:
     """Start ``kvstore serve`` with its cache under ``cache_dir``; return (process, address) once serving.
 
     The daemon prints ``kvstore listening on HOST:PORT`` once it serves; we read that line rather than
     guess a port, so several daemons can start at once without racing for one. Each uses the token
     file a client of this process finds by default (kvstore/server/auth.py), so callers pass no token,
     unless it is given its own token or a credentials file (kvstore/server/credentials.py).
-    stderr goes to ``log_path`` (appended) or is discarded. Raises RuntimeError if it does not come up."""
+    stderr goes to ``log_path`` (appended) or is discarded. Raises RuntimeError if it does not come up.
+    ``prefix``: a command that execs the daemon in place, such as ``ip netns exec NS`` (a node of
+    bench/cluster/topology.py); the address printed is then one inside that namespace."""
     from kvstore.server.auth import default_token_file
 
     argv = [sys.executable, "-m", "kvstore", "serve", "--listen", listen, *flags]
@@ -412,7 +408,7 @@ def spawn_daemon(cache_dir: Path | str, *flags: str, env: dict[str, str] | None 
         full_env["TIERKV_MAC_SECRET_FILE"] = str(mac_file)
     err = open(log_path, "a") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)
+        proc = subprocess.Popen([*prefix, *argv], stdout=subprocess.PIPE, stderr=err, text=True, env=full_env)
     finally:
         if log_path is not None:
             err.close()  # type: ignore[union-attr]

@@ -6,9 +6,12 @@ Why these choices:
 - ``contains_many`` (the store's lookup) is one non-transactional pipeline: one round trip on a
   single server; redis-py's cluster pipeline splits per node, so the same code works on both.
 - Short socket timeouts and a single reconnect attempt without backoff: a dead or hung server
-  becomes TierUnavailable in about ``socket_timeout_s``, never a hang. ``connect=False`` builds
+  becomes TierUnavailable in about ``socket_timeout_s``, never a hang. So does a cluster failing
+  over (CLUSTERDOWN, MASTERDOWN, TRYAGAIN): transient, the breaker retries it. ``connect=False`` builds
   the client without touching the server (the daemon starts while Redis is down; ``probe``
-  connects later). Refused credentials are
+  connects later). A cluster's url may list several startup nodes, comma-separated
+  (``redis://:pw@a:6379/0,redis://b:6379/0``; credentials in the first only): a client started
+  while the one node it knows is down still finds the cluster. Refused credentials are
   TierAuthError ("authentication failed"), not "cannot reach".
 - Budget: a Redis shared by several nodes enforces its own (``maxmemory`` + an eviction policy
   such as ``allkeys-lru``, and/or ``ttl_s``); a server with neither is logged at start, since it
@@ -32,7 +35,7 @@ from typing import Any
 import redis
 import redis.exceptions as rex
 from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
 from redis.retry import Retry
 
@@ -41,7 +44,11 @@ from tiers.errors import BlockTooLarge, StoredValueTooLarge, TierAuthError, Tier
 from tiers.redact import redact_url
 
 log = logging.getLogger(__name__)
-_UNREACHABLE = (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError, rex.RedisClusterException, OSError)
+_UNREACHABLE = (rex.ConnectionError, rex.TimeoutError, rex.RedisClusterException, OSError)
+# A cluster's answers while it fails over or moves slots: transient, the server is there but cannot
+# serve this key now (CLUSTERDOWN, MASTERDOWN - a ClusterDownError - and TRYAGAIN). They derive from
+# ResponseError, so they are caught before it.
+_FAILING_OVER = (rex.ClusterDownError, rex.TryAgainError)
 
 
 def _glob_escape(raw: bytes) -> bytes:
@@ -80,7 +87,12 @@ class RedisTier(Tier):
             raise ValueError(f"redis: max_value_bytes must be > 0, got {max_value_bytes}")
         self.max_value_bytes = max_value_bytes
         self.ttl_s, self.prefix, self.cluster = ttl_s, bytes(prefix), cluster
-        self.where = redact_url(url)
+        urls = url.split(",")
+        self.where = ",".join(redact_url(u) for u in urls)
+        if len(urls) > 1 and not cluster:
+            raise TierError(self.name, f"several urls are startup nodes of a cluster (cluster mode), got {self.where}")
+        if any("@" in u for u in urls[1:]):  # one set of credentials: the first url's (or password)
+            raise TierError(self.name, f"only the first url may carry credentials, got {self.where}")
         self._pattern = _glob_escape(self.prefix) + b"*"
         opts: dict[str, Any] = dict(
             socket_timeout=socket_timeout_s,
@@ -94,12 +106,13 @@ class RedisTier(Tier):
             if not url.startswith("rediss://"):
                 raise TierError(self.name, f"tls_ca {tls_ca} needs a rediss:// url, got {self.where}")
             opts["ssl_ca_certs"] = tls_ca
-        self._url, self._opts = url, opts
+        self._url, self._opts = urls[0], opts
         self._r: Any = None
         self._closed, self._budget_checked = False, False
         self._connecting = threading.Lock()
         try:
-            parse_url(url)  # a malformed URL fails here even when the tier connects later
+            # a malformed URL fails here even when the tier connects later
+            self._startup = [parse_url(u) for u in urls][1:]
             if not cluster:  # builds a pool; connects on the first command
                 self._r = redis.Redis.from_url(url, health_check_interval=0, **opts)
         except ValueError as e:  # the parser's message may quote the password
@@ -132,7 +145,8 @@ class RedisTier(Tier):
         if self._r is None:  # a cluster client connects when it is built, to discover the nodes
             with self._connecting:
                 if self._r is None:
-                    self._r = self._do(self.where, RedisCluster.from_url, self._url, **self._opts)
+                    more = [ClusterNode(u["host"], u.get("port", 6379)) for u in self._startup]
+                    self._r = self._do(self.where, RedisCluster.from_url, self._url, startup_nodes=more, **self._opts)
         return self._r
 
     def _cmd(self, name: str, *args: Any, **kw: Any) -> Any:
@@ -145,6 +159,8 @@ class RedisTier(Tier):
             return fn(*args, **kw)
         except rex.AuthenticationError as e:  # before _UNREACHABLE: it derives from ConnectionError
             raise TierAuthError(self.name, f"{what}: authentication failed ({e})") from e
+        except _FAILING_OVER as e:
+            raise TierUnavailable(self.name, f"{what}: the cluster cannot serve this key now: {e}") from e
         except rex.ResponseError as e:
             if str(e).startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
                 raise TierAuthError(self.name, f"{what}: authentication failed ({e})") from e

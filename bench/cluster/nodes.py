@@ -1,0 +1,55 @@
+"""A kvstore daemon per node of a Topology, sharing the cluster's Redis, and clients beside it.
+
+``NodeDaemon(topo, "node0", workdir, redis_url, "--cpu", "4MiB")`` starts ``kvstore serve`` inside
+the node's namespace (bench/servers.py's ``spawn_daemon`` behind ``ip netns exec``) with the Redis
+Cluster as its shared tier (``--redis URL --redis-cluster``): its traffic to Redis crosses the node's
+link, so the topology's faults (``link_down``, ``set_rate``) are the daemon's. It listens on the
+node's loopback; ``client(op, ...)`` runs bench/cluster/node_client.py in the same namespace and
+returns its JSON. Each daemon gets its own shared-memory socket path (ports repeat across
+namespaces, so the default ``shm-PORT.sock`` in the shared runtime directory could clash).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.cluster.topology import Topology
+from bench.servers import spawn_daemon, stop_daemon
+
+
+class NodeDaemonError(RuntimeError):
+    """A node's client failed (its stderr is in the message)."""
+
+
+class NodeDaemon:
+    def __init__(self, topo: Topology, node: str, workdir: Path, redis_url: str, *flags: str,
+                 timeout_s: float = 60.0) -> None:
+        self.topo, self.node = topo, node
+        self.workdir = workdir / node
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.workdir / "daemon.log"
+        self.proc, self.address = spawn_daemon(
+            self.workdir / "cache", "--redis", redis_url, "--redis-cluster",
+            "--shm-socket", str(self.workdir / "shm.sock"), *flags,
+            log_path=self.log_path, listen="127.0.0.1:0", timeout_s=timeout_s, prefix=topo.exec_prefix(node))
+
+    def client(self, op: str, tag: str, count: int = 16, *extra: str, timeout_s: float = 90.0) -> dict[str, object]:
+        """Run ``node_client ADDRESS op --tag tag --count count`` inside this node's namespace."""
+        argv = [*self.topo.exec_prefix(self.node), sys.executable, "-m", "bench.cluster.node_client",
+                self.address, op, "--tag", tag, "--count", str(count), *extra]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            raise NodeDaemonError(f"{op} on {self.node} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def stop(self) -> None:
+        stop_daemon(self.proc)
+
+    def __enter__(self) -> NodeDaemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
