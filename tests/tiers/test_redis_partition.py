@@ -17,7 +17,6 @@ import pytest
 
 from bench.cluster.redis_cluster import RedisClusterConfig, in_topology
 from bench.cluster.topology import Topology
-from tests.bench.cluster.conftest import make_topology  # noqa: F401 - the fixture, shared
 from tiers.errors import TierUnavailable
 from tiers.redis import RedisTier
 
@@ -40,7 +39,7 @@ def _timed(fn: Callable[[], object]) -> tuple[float, BaseException | None]:
 
 
 def test_calls_against_a_cut_off_cluster_fail_in_about_the_socket_timeout(
-        make_topology: Callable[..., Topology], tmp_path: Path) -> None:  # noqa: F811
+        make_topology: Callable[..., Topology], tmp_path: Path) -> None:
     topo = make_topology(nodes=1, services=SERVICES)
     config = RedisClusterConfig(replicas=1, node_timeout_ms=1000)
     with in_topology(topo, SERVICES, tmp_path, config) as cluster, topo.entered("node0"):
