@@ -16,9 +16,13 @@ Why these choices:
   connect to every known node at once (at most ``connect_timeout_s``; ms when any answers), and
   while nothing answers calls are refused at once, checked again every ``retry_after_s``. Cut
   off, the first call fails in about ``socket_timeout_s``, the others in at most
-  ``connect_timeout_s``; a healed link is found within about ``retry_after_s``. A fail-fast gate
-  rather than a per-call deadline: redis-py cannot be interrupted mid-refresh without leaving its
-  client half updated, and a thread per call only hides the stall. ``connect=False`` builds
+  ``connect_timeout_s``; a healed link is found within about ``retry_after_s``. A gate rather
+  than a deadline on every call: a deadline cannot interrupt redis-py (mid-refresh, that would
+  leave its client half updated), only stop waiting for it on a thread of its own, and a bulk
+  read's time grows with its size, not with faults. The lookup alone is bounded that way:
+  ``contains_many``, a cluster pipeline whose node reads redis-py waits out one after the other
+  and then resends one by one (8.2 s measured), answers within ``connect_timeout_s +
+  socket_timeout_s`` (tiers/deadline.py). ``connect=False`` builds
   the client without touching the server (the daemon starts while Redis is down; ``probe``
   connects later). A cluster's url may list several startup nodes, comma-separated
   (``redis://:pw@a:6379/0,redis://b:6379/0``; credentials in the first only): a client started
@@ -51,6 +55,7 @@ from redis.connection import parse_url
 from redis.retry import Retry
 
 from tiers.base import Buffer, Tier
+from tiers.deadline import BoundedCalls
 from tiers.errors import BlockTooLarge, StoredValueTooLarge, TierAuthError, TierError, TierUnavailable
 from tiers.reach import ReachGate
 from tiers.redact import redact_url
@@ -126,6 +131,9 @@ class RedisTier(Tier):
         self._closed, self._budget_checked = False, False
         self._connecting = threading.Lock()
         self._gate = ReachGate(self._addresses, connect_timeout_s, retry_after_s)
+        # a cluster's lookup spans nodes: bounded to one node's connect + read (tiers/deadline.py)
+        self._lookups = BoundedCalls(4, "redis-lookup") if cluster else None
+        self._lookup_deadline_s = connect_timeout_s + socket_timeout_s
         try:
             # a malformed URL fails here even when the tier connects later
             self._parsed = [parse_url(u) for u in urls]
@@ -230,7 +238,11 @@ class RedisTier(Tier):
         pipe = self._pipe()
         for k in keys:
             pipe.exists(self._k(k))
-        return [bool(x) for x in self._do("exists(pipeline)", pipe.execute)] if keys else []
+        if not keys:
+            return []
+        if self._lookups is None:
+            return [bool(x) for x in self._do("exists(pipeline)", pipe.execute)]
+        return [bool(x) for x in self._do("exists(pipeline)", self._lookups.call, pipe.execute, self._lookup_deadline_s)]
 
     def delete(self, key: bytes) -> bool:
         return bool(self._cmd("delete", self._k(key)))
@@ -261,6 +273,8 @@ class RedisTier(Tier):
 
     def close(self) -> None:
         self._closed = True
+        if self._lookups is not None:
+            self._lookups.close()
         if self._r is not None:
             self._r.close()
             self._r = None
