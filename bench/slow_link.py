@@ -183,8 +183,8 @@ class SlowLink:
                 due, data = item
                 if (w := due - time.monotonic()) > 0:
                     await asyncio.sleep(w)
+                self.bytes_forwarded += len(data)  # before the write: a reader that got them sees them counted
                 dst.write(data)
-                self.bytes_forwarded += len(data)
                 await dst.drain()
         except (ConnectionError, OSError):
             _close(dst.close)  # the peer is gone: so is this side; what still arrives is dropped,
