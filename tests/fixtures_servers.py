@@ -2,7 +2,8 @@
 
 Why session scope: starting SeaweedFS or a 3-node Redis Cluster takes seconds, so each starts
 once, lazily (only when a test asks for it), and every tier built on it gets its own key prefix
-so tests never see each other's blocks.
+so tests never see each other's blocks. ``make_topology`` builds a cluster's network namespaces
+(bench/cluster/topology.py) for the test that asks, for tests/bench/cluster/ and tests/tiers/ alike.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from bench.servers import S3Endpoint, prepare_bucket, redis_cluster, redis_server, seaweedfs_s3
 from tiers.base import Tier
+
+if TYPE_CHECKING:
+    from bench.cluster.topology import Topology
 
 TIER_KINDS = ["cpu", "disk", "s3", "redis", "redis-cluster", "redis-signed"]  # signed: what the daemon builds
 TEST_BUCKET = "tierkv-tests"
@@ -39,6 +44,27 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
     with seaweedfs_s3() as endpoint:
         prepare_bucket(endpoint, TEST_BUCKET)
         yield endpoint
+
+
+@pytest.fixture
+def make_topology() -> Iterator[Callable[..., Topology]]:
+    """``make_topology(**TopologyConfig fields)`` -> a Topology, closed after the test; the test is
+    skipped, with the reason, only where this machine cannot make network namespaces at all."""
+    from bench.cluster.topology import NamespacesUnavailable, Topology, TopologyConfig
+
+    made: list[Topology] = []
+
+    def make(**config: object) -> Topology:
+        try:
+            topo = Topology(TopologyConfig(**config))  # type: ignore[arg-type]
+        except NamespacesUnavailable as e:
+            pytest.skip(f"no network namespaces on this machine: {e}")
+        made.append(topo)
+        return topo
+
+    yield make
+    for topo in made:
+        topo.close()
 
 
 def make_tier(kind: str, request: pytest.FixtureRequest, tmp: Path, capacity_bytes: int) -> Tier:

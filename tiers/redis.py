@@ -7,7 +7,22 @@ Why these choices:
   single server; redis-py's cluster pipeline splits per node, so the same code works on both.
 - Short socket timeouts and a single reconnect attempt without backoff: a dead or hung server
   becomes TierUnavailable in about ``socket_timeout_s``, never a hang. So does a cluster failing
-  over (CLUSTERDOWN, MASTERDOWN, TRYAGAIN): transient, the breaker retries it. ``connect=False`` builds
+  over (CLUSTERDOWN, MASTERDOWN, TRYAGAIN): transient, the breaker retries it.
+- A cluster that cannot be reached (the node's link cut) too: redis-py answers a connection error
+  by refreshing its topology, asking every known node in turn, each up to the connect timeout
+  (measured: 6-11 s for one call). So the cluster client retries no command itself (a failed
+  command asks for a refresh that the *next* call runs), and a ``ReachGate`` (tiers/reach.py) sits
+  in front of every call: after an unreachable error the next call first checks with one bounded
+  connect to every known node at once (at most ``connect_timeout_s``; ms when any answers), and
+  while nothing answers calls are refused at once, checked again every ``retry_after_s``. Cut
+  off, the first call fails in about ``socket_timeout_s``, the others in at most
+  ``connect_timeout_s``; a healed link is found within about ``retry_after_s``. A gate rather
+  than a deadline on every call: a deadline cannot interrupt redis-py (mid-refresh, that would
+  leave its client half updated), only stop waiting for it on a thread of its own, and a bulk
+  read's time grows with its size, not with faults. The lookup alone is bounded that way:
+  ``contains_many``, a cluster pipeline whose node reads redis-py waits out one after the other
+  and then resends one by one (8.2 s measured), answers within ``connect_timeout_s +
+  socket_timeout_s`` (tiers/deadline.py). ``connect=False`` builds
   the client without touching the server (the daemon starts while Redis is down; ``probe``
   connects later). A cluster's url may list several startup nodes, comma-separated
   (``redis://:pw@a:6379/0,redis://b:6379/0``; credentials in the first only): a client started
@@ -40,7 +55,9 @@ from redis.connection import parse_url
 from redis.retry import Retry
 
 from tiers.base import Buffer, Tier
+from tiers.deadline import BoundedCalls
 from tiers.errors import BlockTooLarge, StoredValueTooLarge, TierAuthError, TierError, TierUnavailable
+from tiers.reach import ReachGate
 from tiers.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -79,6 +96,7 @@ class RedisTier(Tier):
         password: str | None = None,
         tls_ca: str | None = None,
         max_value_bytes: int | None = None,
+        retry_after_s: float = 0.5,
     ) -> None:
         super().__init__(capacity_bytes)
         if ttl_s is not None and ttl_s <= 0:
@@ -97,7 +115,9 @@ class RedisTier(Tier):
         opts: dict[str, Any] = dict(
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=connect_timeout_s,
-            retry=Retry(NoBackoff(), 1),
+            # a standalone client reconnects once; a cluster client retries nothing (its retry
+            # would run a topology refresh through every node: see the module doc)
+            retry=Retry(NoBackoff(), 0 if cluster else 1),
             socket_read_size=read_chunk_bytes,  # MB-sized replies: fewer recv calls than the 64 KiB default
         )
         if password is not None:
@@ -110,9 +130,14 @@ class RedisTier(Tier):
         self._r: Any = None
         self._closed, self._budget_checked = False, False
         self._connecting = threading.Lock()
+        self._gate = ReachGate(self._addresses, connect_timeout_s, retry_after_s)
+        # a cluster's lookup spans nodes: bounded to one node's connect + read (tiers/deadline.py)
+        self._lookups = BoundedCalls(4, "redis-lookup") if cluster else None
+        self._lookup_deadline_s = connect_timeout_s + socket_timeout_s
         try:
             # a malformed URL fails here even when the tier connects later
-            self._startup = [parse_url(u) for u in urls][1:]
+            self._parsed = [parse_url(u) for u in urls]
+            self._startup = self._parsed[1:]
             if not cluster:  # builds a pool; connects on the first command
                 self._r = redis.Redis.from_url(url, health_check_interval=0, **opts)
         except ValueError as e:  # the parser's message may quote the password
@@ -145,6 +170,7 @@ class RedisTier(Tier):
         if self._r is None:  # a cluster client connects when it is built, to discover the nodes
             with self._connecting:
                 if self._r is None:
+                    self._gate.suspect()  # building asks every startup node in turn: check first
                     more = [ClusterNode(u["host"], u.get("port", 6379)) for u in self._startup]
                     self._r = self._do(self.where, RedisCluster.from_url, self._url, startup_nodes=more, **self._opts)
         return self._r
@@ -153,8 +179,17 @@ class RedisTier(Tier):
         """Run one client command by name (after the closed check)."""
         return self._do(name, getattr(self._client(), name), *args, **kw)
 
+    def _addresses(self) -> list[tuple[str, int]]:
+        """Every (host, port) known: the urls', and a cluster client's current nodes."""
+        known = [(u["host"], int(u.get("port", 6379))) for u in self._parsed if u.get("host")]
+        if isinstance(self._r, RedisCluster):
+            known += [(n.host, int(n.port)) for n in self._r.get_nodes()]
+        return list(dict.fromkeys(known))
+
     def _do(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
         """Run one call, mapping redis-py failures onto the tier's error types."""
+        if (why := self._gate.refusal()) is not None:
+            raise TierUnavailable(self.name, f"{what}: cannot reach the server: {why}")
         try:
             return fn(*args, **kw)
         except rex.AuthenticationError as e:  # before _UNREACHABLE: it derives from ConnectionError
@@ -166,6 +201,7 @@ class RedisTier(Tier):
                 raise TierAuthError(self.name, f"{what}: authentication failed ({e})") from e
             raise TierError(self.name, f"{what}: {e}") from e
         except _UNREACHABLE as e:
+            self._gate.suspect()
             raise TierUnavailable(self.name, f"{what}: cannot reach the server: {e}") from e
         except rex.RedisError as e:
             raise TierError(self.name, f"{what}: {e}") from e
@@ -202,7 +238,11 @@ class RedisTier(Tier):
         pipe = self._pipe()
         for k in keys:
             pipe.exists(self._k(k))
-        return [bool(x) for x in self._do("exists(pipeline)", pipe.execute)] if keys else []
+        if not keys:
+            return []
+        if self._lookups is None:
+            return [bool(x) for x in self._do("exists(pipeline)", pipe.execute)]
+        return [bool(x) for x in self._do("exists(pipeline)", self._lookups.call, pipe.execute, self._lookup_deadline_s)]
 
     def delete(self, key: bytes) -> bool:
         return bool(self._cmd("delete", self._k(key)))
@@ -233,6 +273,8 @@ class RedisTier(Tier):
 
     def close(self) -> None:
         self._closed = True
+        if self._lookups is not None:
+            self._lookups.close()
         if self._r is not None:
             self._r.close()
             self._r = None

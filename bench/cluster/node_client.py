@@ -1,6 +1,6 @@
 """A kvstore client run inside a node's namespace: put or read a set of blocks, print a JSON line.
 
-``python -m bench.cluster.node_client ADDRESS put|get --tag T --count N [--floats F]``
+``python -m bench.cluster.node_client ADDRESS put|get|lookups --tag T --count N [--floats F]``
 
 Why a process: the daemon of a node listens inside that node's namespace, and gRPC opens its
 connections from threads of its own, so a client has to live in the namespace whole (started with
@@ -59,10 +59,20 @@ def get(c: KVStoreClient, keys: list[bytes], floats: int) -> dict[str, object]:
     return {"hits": hits, "misses": len(keys) - hits, "wrong": wrong, "tiers": dict(tiers)}
 
 
+def lookups(c: KVStoreClient, count: int) -> None:
+    for line in sys.stdin:
+        t0 = time.monotonic()
+        try:
+            out: dict[str, object] = {"tiers": [t or "miss" for t in c.lookup(keys_of(line.strip(), count)).tiers]}
+        except Exception as e:  # noqa: BLE001 - reported, the session goes on
+            out = {"error": type(e).__name__}
+        print(json.dumps({"s": round(time.monotonic() - t0, 3), **out}), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.cluster.node_client")
     ap.add_argument("address")
-    ap.add_argument("op", choices=("put", "get"))
+    ap.add_argument("op", choices=("put", "get", "lookups"))
     ap.add_argument("--tag", required=True)
     ap.add_argument("--count", type=int, default=16)
     ap.add_argument("--floats", type=int, default=16 * 1024)  # 64 KiB blocks
@@ -70,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     keys = keys_of(args.tag, args.count)
     with KVStoreClient(args.address, deadline_s=args.wait_s) as c:
+        if args.op == "lookups":
+            lookups(c, args.count)
+            return 0
         out = put(c, keys, args.floats, args.wait_s) if args.op == "put" else get(c, keys, args.floats)
     print(json.dumps(out), flush=True)
     return 0

@@ -7,6 +7,7 @@ link, so the topology's faults (``link_down``, ``set_rate``) are the daemon's. I
 node's loopback; ``client(op, ...)`` runs bench/cluster/node_client.py in the same namespace and
 returns its JSON. Each daemon gets its own shared-memory socket path (ports repeat across
 namespaces, so the default ``shm-PORT.sock`` in the shared runtime directory could clash).
+``lookups(count)`` keeps one such client running: ``ask(tag)`` times one lookup request.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ class NodeDaemon:
             raise NodeDaemonError(f"{op} on {self.node} failed ({done.returncode}):\n{done.stderr[-2000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
+    def lookups(self, count: int = 4) -> LookupSession:
+        """One client process in the node's namespace, timing a lookup per ``ask`` (node_client lookups)."""
+        argv = [*self.topo.exec_prefix(self.node), sys.executable, "-m", "bench.cluster.node_client",
+                self.address, "lookups", "--tag", "-", "--count", str(count)]
+        return LookupSession(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+
     def stop(self) -> None:
         stop_daemon(self.proc)
 
@@ -53,3 +60,33 @@ class NodeDaemon:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LookupSession:
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+
+    def ask(self, tag: str) -> dict[str, object]:
+        """One lookup request of ``tag``'s keys: ``{"s": seconds, "tiers": [...]}`` or ``{"s", "error"}``."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(tag + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise NodeDaemonError(f"the lookup client ended ({self.proc.poll()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> LookupSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

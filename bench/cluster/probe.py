@@ -14,6 +14,9 @@ the median reported:
 - ``partition``: the node's link cut (packets dropped): the seconds each of the first
   ``calls`` ``get`` take to raise TierUnavailable (what one request of the daemon waits before its
   breaker detaches the tier after 3 of them), then ``heal_s``: link back to the first hit.
+- ``daemon_partition``: the same cut under a kvstore daemon of node0 (a fresh one each repeat, told
+  of every cluster node): the seconds each of the first ``calls`` lookup requests of a client
+  beside it take (keys in no tier, so each asks Redis until the breaker detaches it).
 
 ``meta`` records the load average before and after and the cores.
 """
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 
 from bench.cluster.failover import drive_failover
+from bench.cluster.nodes import NodeDaemon
 from bench.cluster.redis_cluster import RedisCluster, RedisClusterConfig, in_topology
 from bench.cluster.topology import Topology, TopologyConfig
 from tiers.errors import TierUnavailable
@@ -89,6 +93,19 @@ def one_partition(topo: Topology, tier: RedisTier, run: int, calls: int) -> dict
     return {"call_s": call_s, "errors": errors, "heal_s": round(time.monotonic() - t0, 3)}
 
 
+def one_daemon_partition(topo: Topology, cluster: RedisCluster, workdir: Path, run: int,
+                         calls: int) -> dict[str, object]:
+    with NodeDaemon(topo, "node0", workdir, ",".join(cluster.urls), "--cpu", "4MiB") as daemon, \
+            daemon.lookups() as client:  # fmt: skip
+        warm = [client.ask(f"warm-{run}-{i}")["s"] for i in range(2)]
+        topo.link_down("node0")
+        try:
+            cut = [client.ask(f"cut-{run}-{i}") for i in range(calls)]
+        finally:
+            topo.link_up("node0")
+    return {"warm_s": warm, "call_s": [c["s"] for c in cut], "errors": [c.get("error") for c in cut]}
+
+
 def run(repeats: int, blocks: int, calls: int) -> dict[str, object]:
     out: dict[str, object] = {"meta": {"loadavg_before": os.getloadavg(), "cpus": os.cpu_count(),
                                        "node_timeout_ms": NODE_TIMEOUT_MS, "repeats": repeats}}
@@ -100,6 +117,7 @@ def run(repeats: int, blocks: int, calls: int) -> dict[str, object]:
         failovers = [one_failover(cluster, tier, r, blocks) for r in range(repeats)]
         partitions = [one_partition(topo, tier, r, calls) for r in range(repeats)]
         tier.close()
+        daemons = [one_daemon_partition(topo, cluster, Path(d) / f"daemon{r}", r, calls) for r in range(repeats)]
     first_calls = [p["call_s"][0] for p in partitions]  # type: ignore[index]
     all_calls = [s for p in partitions for s in p["call_s"]]  # type: ignore[attr-defined]
     out["figures"] = {
@@ -109,8 +127,10 @@ def run(repeats: int, blocks: int, calls: int) -> dict[str, object]:
         "partition_first_call_s_median": statistics.median(first_calls),
         "partition_call_s_max": max(all_calls),
         "partition_heal_s_median": statistics.median(p["heal_s"] for p in partitions),  # type: ignore[misc]
+        "daemon_partition_first_request_s_median": statistics.median(p["call_s"][0] for p in daemons),  # type: ignore[index]
+        "daemon_partition_request_s_max": max(s for p in daemons for s in p["call_s"]),  # type: ignore[attr-defined]
     }
-    out["failover"], out["partition"] = failovers, partitions
+    out["failover"], out["partition"], out["daemon_partition"] = failovers, partitions, daemons
     out["meta"]["loadavg_after"] = os.getloadavg()  # type: ignore[index]
     return out
 

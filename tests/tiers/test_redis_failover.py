@@ -19,7 +19,6 @@ import redis.exceptions as rex
 from bench.cluster.failover import drive_failover
 from bench.cluster.redis_cluster import RedisClusterConfig, in_topology
 from bench.cluster.topology import Topology
-from tests.bench.cluster.conftest import make_topology  # noqa: F401 - the fixture, shared
 from tiers.errors import TierError, TierUnavailable
 from tiers.redis import RedisTier
 
@@ -67,7 +66,7 @@ def test_a_response_error_outside_failover_stays_a_tier_error() -> None:
     assert not isinstance(caught.value, TierUnavailable)
 
 
-def test_master_killed_while_a_client_writes_and_reads(make_topology: Callable[..., Topology],  # noqa: F811
+def test_master_killed_while_a_client_writes_and_reads(make_topology: Callable[..., Topology],
                                                        tmp_path: Path) -> None:
     topo = make_topology(nodes=1, services=SERVICES)
     config = RedisClusterConfig(replicas=1, node_timeout_ms=1000)

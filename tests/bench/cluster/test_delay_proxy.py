@@ -1,6 +1,6 @@
-"""The delay proxy: every byte through unchanged both ways, a round trip at least twice the one-way
-delay (a sanity floor: load only adds), EOF passed on, a dead target closes the client, and the
-proxy can live in a node's namespace."""
+"""bench/slow_link.py as the cluster's delay proxy: every byte through unchanged both ways, a round
+trip at least twice the one-way delay (a sanity floor: load only adds), EOF passed on, a dead target
+closes the client, and the proxy can live in a node's namespace."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bench.cluster.delay_proxy import DelayProxy
 from bench.cluster.topology import Topology
 from bench.servers import free_port
+from bench.slow_link import SlowLink
 
 
 def _echo_server(host: str = "127.0.0.1") -> tuple[socket.socket, threading.Thread]:
@@ -43,7 +43,7 @@ def echo() -> Iterator[tuple[str, int]]:
 
 
 def test_round_trip_pays_twice_the_delay(echo: tuple[str, int]) -> None:
-    with DelayProxy(echo, 0.05) as proxy, socket.create_connection(proxy.address, timeout=10) as c:
+    with SlowLink(echo, delay_s=0.05) as proxy, socket.create_connection(proxy.sockaddr, timeout=10) as c:
         for _ in range(3):
             t0 = time.monotonic()
             c.sendall(b"ping")
@@ -53,7 +53,7 @@ def test_round_trip_pays_twice_the_delay(echo: tuple[str, int]) -> None:
 
 def test_bytes_pass_unchanged_both_ways_and_eof_follows(echo: tuple[str, int]) -> None:
     payload = os.urandom(1 << 20)
-    with DelayProxy(echo, 0.01) as proxy, socket.create_connection(proxy.address, timeout=10) as c:
+    with SlowLink(echo, delay_s=0.01) as proxy, socket.create_connection(proxy.sockaddr, timeout=10) as c:
         def send() -> None:
             c.sendall(payload)
             c.shutdown(socket.SHUT_WR)  # EOF crosses the proxy; the echo server closes; so do we
@@ -68,8 +68,8 @@ def test_bytes_pass_unchanged_both_ways_and_eof_follows(echo: tuple[str, int]) -
 
 
 def test_a_dead_target_closes_the_client() -> None:
-    with DelayProxy(("127.0.0.1", free_port()), 0.01) as proxy, \
-            socket.create_connection(proxy.address, timeout=10) as c:  # fmt: skip
+    with SlowLink(("127.0.0.1", free_port()), delay_s=0.01) as proxy, \
+            socket.create_connection(proxy.sockaddr, timeout=10) as c:  # fmt: skip
         assert c.recv(16) == b""
 
 
@@ -77,10 +77,10 @@ def test_the_proxy_lives_in_a_namespace(make_topology: Callable[..., Topology]) 
     topo = make_topology(nodes=1, services=("svc",))
     with topo.entered("svc"):
         srv, _ = _echo_server(topo.addr("svc"))
-    with DelayProxy(srv.getsockname(), 0.02, netns=topo.ns("node0")) as proxy:
-        with topo.entered("node0"), socket.create_connection(proxy.address, timeout=10) as c:
+    with SlowLink(srv.getsockname(), delay_s=0.02, netns=topo.ns("node0")) as proxy:
+        with topo.entered("node0"), socket.create_connection(proxy.sockaddr, timeout=10) as c:
             c.sendall(b"through the veth")
             assert c.recv(64) == b"through the veth"
         with pytest.raises(OSError):  # its loopback port is the node's, not ours
-            socket.create_connection(proxy.address, timeout=1).close()
+            socket.create_connection(proxy.sockaddr, timeout=1).close()
     srv.close()

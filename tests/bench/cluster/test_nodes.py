@@ -1,9 +1,8 @@
 """A daemon per node, sharing a real Redis Cluster (3 masters + 3 replicas, each in its own namespace):
 node B (told of every cluster node: --redis URL,URL,...) serves the blocks node A put, through
 Redis, with every byte right. (A master's failover is tested through RedisTier in
-tests/tiers/test_redis_failover.py; a node cut off from the cluster is measured by
-``python -m bench.cluster.probe``: one call stalls 9-11 s before TierUnavailable, which would
-cost this test ~20 s of the suite's budget until that is fixed.)"""
+tests/tiers/test_redis_failover.py, a node cut off from the cluster through RedisTier in
+tests/tiers/test_redis_partition.py, and through a daemon by ``python -m bench.cluster.probe``.)"""
 
 from __future__ import annotations
 
