@@ -13,7 +13,11 @@ What it measures must be what a load pays, so (issue 23):
   slope = seconds per byte, intercept = per-call overhead.
 The set is bounded by ``max_bytes`` and by half the first tier's free room (the probe must not
 push what the daemon holds down a tier); a set that cannot exceed the cache says so
-(``ProbeResult.exceeds_llc``) and in the log.
+(``ProbeResult.exceeds_llc``) and in the log. A daemon whose first tier is not in memory (disk,
+S3) gets a small set (~20 MiB): its reads do not go through the CPU cache, and hundreds of MiB
+written to lmdb or S3 at every start would cost seconds.
+Cost: on the 2-core dev box (sysfs says a 480 MiB L3) ~600 MiB are put and read, several
+seconds at start-up, most of it the puts (encoding and the daemon's first touch of its arena).
 """
 
 from __future__ import annotations
@@ -135,12 +139,13 @@ def probe_set_bytes(llc: int, max_bytes: int, tier_free: int | None) -> int:
     return max(1, min(want, cap))
 
 
-def _first_tier_free(client: KVStoreClient) -> int | None:
+def _first_tier(client: KVStoreClient) -> tuple[str, int | None]:
+    """(name, free bytes) of the daemon's first tier; ("", None) where Stats is not answered."""
     try:
         tiers = client.stats().tiers
     except Exception:  # noqa: BLE001 - an older daemon or a credential without Stats: no bound
-        return None
-    return max(0, tiers[0].capacity_bytes - tiers[0].used_bytes) if tiers else None
+        return "", None
+    return (tiers[0].name, max(0, tiers[0].capacity_bytes - tiers[0].used_bytes)) if tiers else ("", None)
 
 
 def _alloc_scratch(view: EngineView, want: int) -> list[int]:
@@ -166,7 +171,10 @@ def probe_daemon(client: KVStoreClient, loader: Loader, view: EngineView, n_bloc
     page = pool.bytes_per_page
     llc = llc_bytes() if llc is None else llc
     if n_blocks is None:
-        n_blocks = max(1, -(-probe_set_bytes(llc, max_bytes, _first_tier_free(client)) // page))
+        first, free = _first_tier(client)
+        # a tier off the host's memory (disk, S3) is not read through the CPU's cache: a small set
+        target = llc if first in ("", "cpu") else min(llc, LLC_FALLBACK_BYTES) // 2
+        n_blocks = max(1, -(-probe_set_bytes(target, max_bytes, free) // page))
     per_unit = REPEATS * STEPS * (STEPS + 1) // 2  # blocks the fewest rounds read per unit of batch size
     n_blocks = max(n_blocks, per_unit)
     rng = np.random.default_rng()
