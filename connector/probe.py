@@ -47,6 +47,7 @@ SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 LLC_FALLBACK_BYTES = 32 * 2**20
 LLC_MARGIN = 1.25  # the set is this many times the cache (oldest-first reads need only > 1)
 MAX_PROBE_BYTES = 1 << 30
+MAX_PROBE_BLOCKS = 4096  # small pages (a test model's): thousands of tiny loads would not be start-up
 STEPS = 4  # batch sizes u, 2u, 3u, 4u
 REPEATS = 2  # runs per size, each on blocks of its own
 PUT_CHUNK_BYTES = 32 * 2**20
@@ -174,7 +175,7 @@ def probe_daemon(client: KVStoreClient, loader: Loader, view: EngineView, n_bloc
         first, free = _first_tier(client)
         # a tier off the host's memory (disk, S3) is not read through the CPU's cache: a small set
         target = llc if first in ("", "cpu") else min(llc, LLC_FALLBACK_BYTES) // 2
-        n_blocks = max(1, -(-probe_set_bytes(target, max_bytes, free) // page))
+        n_blocks = min(MAX_PROBE_BLOCKS, max(1, -(-probe_set_bytes(target, max_bytes, free) // page)))
     per_unit = REPEATS * STEPS * (STEPS + 1) // 2  # blocks the fewest rounds read per unit of batch size
     n_blocks = max(n_blocks, per_unit)
     rng = np.random.default_rng()
