@@ -20,13 +20,10 @@ Like for like (issue 23): the same transport and the same block size on both sid
   the headline until issue 23 (4.63 at 32c6760, then with 0.5-2 MB blocks and the TCP client's
   4 MiB ones), kept only as a labelled breakdown. ``vs_redis_into`` / ``vs_redis_views``: the
   pool-copy and view paths against Redis over TCP, as before.
-- ``get_gbps``: ``get_many`` as an application calls it. On the same host each block comes
-  back as a read-only *view* of the shared-memory segment the daemon wrote (no client copy).
-- ``get_copy_gbps``: ``get_many(copy=True)``, fresh bytes objects like redis-py returns.
-- ``get_into_gbps``: ``read_many`` copying each block once into a pre-faulted buffer, as the
-  connector does into its KV pool.
-- ``tcp_get_gbps`` / ``tcp_into_gbps``: the TCP client's ``get_many`` / ``read_many`` into a
-  pre-faulted buffer (until issue 23 over 4 MiB blocks; now the engine's block).
+- ``get_gbps``: ``get_many`` (read-only views of the shared segment); ``get_copy_gbps``: with
+  ``copy=True`` (fresh bytes, like redis-py's); ``get_into_gbps``: ``read_many`` into a pre-faulted
+  buffer, as the connector copies into its pool; ``tcp_get_gbps`` / ``tcp_into_gbps``: the TCP
+  client's ``get_many`` / ``read_many`` (until issue 23 over 4 MiB blocks).
 - ``concurrent_scaling``: aggregate ``get_many(copy=True)`` GB/s (bytes the callers own) of 4
   client *processes* (one GIL each) on the one daemon, divided by that of 1 client. Each client
   reads every block ``rounds`` times once all are ready; aggregate = all bytes / (last end - first
