@@ -2,6 +2,8 @@
 
 Both run through the real code paths (the engine's forward pass over scratch pool pages; the
 loader writing daemon blocks into scratch pages), so what they measure is what a request pays.
+The daemon probe lives in connector/probe.py (distinct blocks beyond the last-level cache, one
+thread policy, a line fitted over several batch sizes); ``probe_daemon`` is re-exported here.
 """
 
 from __future__ import annotations
@@ -16,16 +18,12 @@ import torch
 
 from connector.config import CALIBRATION_ENV
 from connector.cost_model import PrefillModel
-from connector.dtypes import to_block_array
-from connector.loader import Loader
-from connector.offload import LAYOUT
+from connector.probe import ProbeResult, probe_daemon
 from engine.forward_batch import ForwardBatch
 from engine.hooks import EngineView
-from kvstore.block import encode_block
-from kvstore.client.client import KVStoreClient
-from kvstore.keys import key_prefix
 
 log = logging.getLogger(__name__)
+__all__ = ["PREFILL_SAMPLES", "ProbeResult", "calibrate_prefill", "probe_daemon", "time_prefill"]
 
 #: (new tokens, cached context) of the timed prefills
 PREFILL_SAMPLES = ((16, 0), (64, 0), (256, 0), (384, 0), (128, 512), (128, 1024))
@@ -81,52 +79,3 @@ def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = T
     if cache:
         _PREFILL_CACHE[key] = model
     return model
-
-
-def probe_daemon(client: KVStoreClient, loader: Loader, view: EngineView, n_blocks: int = 16,
-                 deadline_s: float = 5.0, tenant: str = "") -> tuple[str, float, float] | None:
-    """Latency and bandwidth of a load from the daemon's first tier: (tier, latency s, bytes/s).
-    ``tenant``: write the scratch blocks in that tenant's namespace (one the engine's credential
-    lists; "" = untagged keys, which a tenant's credential may not write)."""
-    pool = view.pool
-    rng = np.random.default_rng()
-    if tenant:
-        keys = [key_prefix(tenant) + rng.bytes(16) for _ in range(n_blocks)]
-    else:
-        keys = [b"tierkv-probe-" + rng.bytes(8) for _ in range(n_blocks)]
-    shape = pool.block_shape()
-    block = torch.zeros(shape, dtype=pool.dtype)
-    arr, dtype = to_block_array(block)
-    client.deadline_s = deadline_s
-    client.put_many([(k, encode_block(k, arr, dtype=dtype, shape=arr.shape, layout=LAYOUT)) for k in keys])
-    try:
-        found = loader.lookup_all(keys, deadline_s, in_place=True)  # loads then go as the connector's do
-        tiers = found.tiers[: found.prefix_len]
-        tier = tiers[0] if tiers and tiers[0] else "cpu"
-
-        def timed(n: int) -> float:
-            best = float("inf")
-            for _ in range(3):
-                t = _with_scratch(view, n, lambda pages: loader.load(keys[:n], pages, deadline_s,
-                                                                       in_place=found.in_place).seconds)
-                if t is None:
-                    return float("nan")
-                best = min(best, t)
-            return best
-
-        t1, tn = timed(1), timed(n_blocks)
-        if not np.isfinite(t1) or not np.isfinite(tn):
-            return None
-        per_block = (tn - t1) / (n_blocks - 1)
-        if per_block <= 0 or per_block > t1:  # noise swamped the difference: charge all to bandwidth
-            per_block, lat = tn / n_blocks, 0.0
-        else:
-            lat = t1 - per_block
-        bw = pool.bytes_per_page / per_block
-        log.info("daemon probe: tier %s latency %.2f ms bandwidth %.2f GB/s", tier, lat * 1e3, bw / 1e9)
-        return tier, lat, bw
-    finally:
-        try:
-            client.delete(keys)
-        except Exception:  # noqa: BLE001 - best effort
-            pass

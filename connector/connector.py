@@ -87,6 +87,7 @@ class KVConnector:
         self.cost = CostModel(prefill, self.pool.bytes_per_page, self.page_size, config.ewma_alpha,
                               config.load_mode)
         self._down_until = 0.0
+        self.probe_result = None  # what the start-up probe measured (connector/probe.py), if it ran
         if config.probe:
             self._probe()
 
@@ -99,8 +100,9 @@ class KVConnector:
         except KVStoreError as e:
             log.warning("kvstore daemon probe failed (%s); using default tier seeds", e)
             return
+        self.probe_result = res
         if res is not None:
-            self.cost.seed(*res)
+            self.cost.seed(res.tier, res.latency_s, res.bandwidth)
 
     # -- deciding what to load ----------------------------------------------------------------
     def _daemon_up(self) -> bool:

@@ -42,7 +42,9 @@ def _case(b: Bench, eng, address: str, ids: list[int], salt: str, load_first: bo
           speed: tuple[float, float] | None = None, reps: int = 1) -> dict:
     """One decision on a fresh connector, both options measured ``reps`` times each (alternating,
     medians). ``speed`` = (wanted bytes/s, throttle bytes/s)."""
-    conn = b.attach(eng, address, load_mode="always", load_deadline_min_s=600.0)
+    # generous deadlines: a lookup past the default 0.25 s on a loaded box marked the daemon down
+    # and the load-all run recomputed (07:43 on 2026-12-05, load average 8)
+    conn = b.attach(eng, address, load_mode="always", load_deadline_min_s=600.0, lookup_deadline_s=5.0)
     try:
         ps = eng.pool.page_size
         keys = conn.keyspace.keys(ids[: (len(ids) - 1) // ps * ps], salt)
@@ -64,6 +66,7 @@ def _case(b: Bench, eng, address: str, ids: list[int], salt: str, load_first: bo
             conn.cost.load_mode = mode
             eng.radix.reset()
             conn.known.discard(keys)
+            b.before_point(address)  # a disk point starts cold (bench.e2e.cold)
             t, _, r = run(eng, ids, 1, salt)
             return t, r
 

@@ -1,12 +1,17 @@
 """bench.e2e sections about one long prompt and about two replicas.
 
-headline  a 2k-token document + question: cold TTFT (full prefill), warm TTFT from each tier,
-          the local radix hit (the suffix compute alone), fidelity across all of them, and the
-          load itself against the memcpy time of its bytes: ``load_over_floor_cpu`` against the
-          machine's best memcpy (best of 3 copies of 256 MiB, caches as they come), and beside it
-          ``load_over_cold_memcpy_cpu`` against a numpy copy of the prompt's KV bytes timed just
-          before each cpu load, where the previous round's prefills have left the caches as that
-          load finds them. Round 0 of every kind of run is a
+headline  a 2k-token document + question: cold TTFT (full prefill, on the engine's torch
+          threads), warm TTFT from each tier, the local radix hit (the suffix compute alone),
+          fidelity across all of them, and the load itself against the memcpy time of its bytes
+          on as many threads as the load copies on (``load_threads``, native.default_threads()):
+          ``load_over_floor_cpu`` against the machine's best memcpy on those threads (best of 3
+          copies of 256 MiB, caches as they come), ``load_with_lookup_over_floor_cpu`` the same
+          with the daemon lookup included (the connector's LOADING wait: lookup, decision, pages,
+          transfer), and beside them ``load_over_cold_memcpy_cpu`` against a copy of the prompt's
+          KV bytes on those threads timed just before each cpu load, where the previous round's
+          prefills have left the caches as that load finds them. Until issue 23 the floor copied
+          on 1 thread against a 2-thread load and the lookup was left out. Every disk point is
+          cold (bench.e2e.cold); s3 is SeaweedFS on loopback. Round 0 of every kind of run is a
           discarded warm-up; rounds 1..reps are timed, the kinds interleaved within each round so
           that load from other processes hits all of them alike.
 replicas  two engines sharing the cpu daemon: share of the second's prefix tokens it loads.
@@ -22,7 +27,8 @@ import uuid
 import numpy as np
 
 from bench.e2e import figures as fig
-from bench.e2e.support import Bench, loaded_by_tier, memcpy_bandwidth, offload_prefix, run
+from bench.e2e.support import Bench, ThreadedCopy, loaded_by_tier, memcpy_bandwidth, offload_prefix, run
+from connector import native
 from connector.state import kv_state
 from connector.wiring import detach_tierkv
 
@@ -44,18 +50,24 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
     warm_runs: dict[str, list[dict]] = {}
     copy_src = np.ones(len(ids) // eng.pool.page_size * eng.pool.bytes_per_page, np.uint8)
     copy_dst = np.zeros_like(copy_src)  # both faulted in now, not inside a timed copy
+    load_threads = native.default_threads()  # what a load of >= 4 MiB copies on (connector/native_batch.py)
+    copy = ThreadedCopy(load_threads)
     cold_copies: list[float] = []
+    loading: list[float] = []  # the cpu loads' LOADING waits, lookup included
     decisions, kv_bytes, radix_ttfts, cold_ttfts, mismatches = {}, 0, [], [], set()
     for i in range(reps + 1):  # round 0 is a discarded warm-up; rounds alternate the tiers
         for tier in daemons:
             eng2, conn = engines[tier], conns[tier]
             if tier == "cpu" and i:  # the same bytes copied in the cache state the load will find
                 t0 = time.perf_counter()
-                np.copyto(copy_dst, copy_src)
+                copy(copy_dst, copy_src)
                 cold_copies.append(time.perf_counter() - t0)
             eng2.radix.reset()
             conn.known.discard(conn.keyspace.keys(ids, salt))
+            b.before_point(daemons[tier])
+            waited = conn.metrics.value("tierkv_connector_loading_seconds_sum")
             t, _, r = run(eng2, ids, 8, salt)
+            waited = conn.metrics.value("tierkv_connector_loading_seconds_sum") - waited
             outputs[tier] = r.output_ids
             if r.output_ids != want:
                 mismatches.add(tier)
@@ -65,6 +77,8 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
                 kv_bytes = (d.pages if d else 0) * eng2.pool.bytes_per_page
             if i:
                 ts[tier].append(t)
+                if tier == "cpu" and waited > 0:
+                    loading.append(waited)
                 warm_runs.setdefault(tier, []).append({"ttft_s": t, "load_s": kv_state(r).load_s if kv_state(r) is not None else None})
         if i:  # a full prefill on an empty radix tree, which leaves the prefix cached for the next run
             eng.radix.reset()
@@ -81,7 +95,8 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
     warm = {tier: fig.repeated_median(ts[tier], reps) for tier in daemons}
     for eng2 in engines.values():
         detach_tierkv(eng2)
-    bw = memcpy_bandwidth()
+    copy.close()
+    bw = memcpy_bandwidth(load_threads)
     cold_bw = fig.copy_bandwidth(copy_src.nbytes, cold_copies)
     suffix = fig.repeated_median(radix_ttfts, reps)
     cold_ttft = fig.repeated_median(cold_ttfts, reps)
@@ -103,6 +118,9 @@ def headline(b: Bench, daemons: dict[str, str], doc_len: int, reps: int) -> dict
         "floor_ratio_cpu": fig.ttft_floor_ratio(warm["cpu"], kv_bytes, bw, suffix) if loaded else None,
         "load_s_cpu": statistics.median(cpu_loads) if cpu_loads else None,
         "load_over_floor_cpu": fig.load_over_floor(cpu_loads, kv_bytes, bw) if loaded else None,
+        "loading_s_cpu": statistics.median(loading) if loading else None, "loading_runs_cpu": loading,
+        "load_with_lookup_over_floor_cpu": fig.load_over_floor(loading, kv_bytes, bw) if loaded and loading else None,
+        "load_threads": load_threads, "floor_threads": load_threads, "recompute_threads": b.threads_used,
         "cold_memcpy_bytes_per_s": cold_bw, "cold_memcpy_runs_s": cold_copies,
         "load_over_cold_memcpy_cpu": fig.load_over_floor(cpu_loads, kv_bytes, cold_bw) if loaded else None,
         "fidelity_identical": not mismatches, "fidelity_mismatches": sorted(mismatches),

@@ -3,8 +3,13 @@
     python -m bench.e2e --out F.json [--quick] [--threads N]
 
 Everything runs in this process (engines on separate KV pools, one model in memory) against
-real daemons in subprocesses: one per tier (cpu only, disk only, s3 only on a local SeaweedFS),
-so a hit's tier is never ambiguous. Each section uses its own ``cache_salt``, so sections never
+real daemons in subprocesses: one per tier (cpu only, disk only, s3 only on SeaweedFS over
+loopback on this host: ``tier_labels`` says so in the JSON), so a hit's tier is never ambiguous.
+Engines compute on torch's default thread count, as kvengine does unless told (``--threads``;
+until issue 23 the default was 1, so ``speedup_cpu`` set a 1-thread recompute against a load
+copying on 2). Every disk point starts cold (bench.e2e.cold: the lmdb files evicted from the
+page cache, the daemon's mappings paged out, mincore checked; ``disk_cold_method``,
+``disk_cold_verified``). Each daemon is probed once (connector/probe.py, ``probes``). Each section uses its own ``cache_salt``, so sections never
 see each other's blocks. Requests run one at a time; TTFT is admission to first token.
 
 Sections (one module each; every figure is computed by a pure function in bench.e2e.figures):
@@ -21,7 +26,8 @@ Sections (one module each; every figure is computed by a pure function in bench.
 Top-level keys: ``cold_ttft_s`` (now a median of ``cold_ttft_reps`` warmed runs; it was one
 un-warmed run, recorded as ``headline.cold_warmup_ttft_s``), ``warm_ttft_s``, ``speedup_cpu``,
 ``floor_ratio_cpu`` (unchanged meaning: warm TTFT / (memcpy floor + suffix compute)),
-``load_over_floor_cpu``, ``fidelity_identical``, ``replica_hit_rate``, ``cost_model`` (the grid's
+``load_over_floor_cpu`` and ``load_with_lookup_over_floor_cpu`` (floor and load on the same
+threads), ``threads``, ``disk_cold_*``, ``tier_labels``, ``probes``, ``fidelity_identical``, ``replica_hit_rate``, ``cost_model`` (the grid's
 figures), ``machine``, ``wall_s``. Removed with the old sweep (its cases sat >= 2x from the
 crossover after a warm-up load at the very throttle measured): ``sweep``, ``cost_model_accuracy``,
 ``cost_model_median_error``.
@@ -41,17 +47,21 @@ from pathlib import Path
 
 import torch
 
+from bench.e2e.cold import DiskCooler
 from bench.e2e.grid import cost_model_grid
 from bench.e2e.headline import headline, replicas
-from bench.e2e.support import Bench, kv_daemon, machine_facts
+from bench.e2e.support import Bench, kv_daemon, kv_daemon_pid, machine_facts
 from bench.e2e.workloads import workloads
 from engine.model_loader import load_model
 
 log = logging.getLogger("bench.e2e")
 
 SUMMARY = ("cold_ttft_s", "cold_ttft_reps", "warm_ttft_s", "speedup_cpu", "load_over_floor_cpu",
-           "load_over_cold_memcpy_cpu", "floor_ratio_cpu",
-           "fidelity_identical", "replica_hit_rate", "wall_s")
+           "load_with_lookup_over_floor_cpu", "load_over_cold_memcpy_cpu", "floor_ratio_cpu", "threads",
+           "disk_cold_method", "disk_cold_verified", "fidelity_identical", "replica_hit_rate", "wall_s")
+TIER_LABELS = {"cpu": "kvstore daemon, cpu tier (shared-memory arena)",
+               "disk": "kvstore daemon, lmdb disk tier, page cache dropped before every point (disk_cold_*)",
+               "s3": "kvstore daemon, S3 tier on loopback SeaweedFS (same host, no network)"}
 GRID_SUMMARY = ("grid_cases", "decisive_cases", "accuracy", "regret", "load_median_error", "recompute_median_error")
 
 
@@ -59,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (1: on a shared 2-core box, 2 OpenMP threads spin against other work)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (0: torch's default, as kvengine runs unless told; 1 was the default until "
+                         "issue 23)")
     ap.add_argument("--skip-workloads", action="store_true")
     ap.add_argument("--cpu-huge-pages", action="store_true",
                     help="the cpu daemon's arena in reserved hugetlb pages (kvstore serve --cpu-huge-pages; needs "
@@ -69,12 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("connector").setLevel(logging.WARNING)
-    torch.set_num_threads(a.threads)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     t_start = time.monotonic()
     machine = machine_facts()
     from bench.servers import seaweedfs_s3
 
-    result: dict = {"quick": a.quick, "threads": a.threads, "cpu_huge_pages": a.cpu_huge_pages}
+    result: dict = {"quick": a.quick, "threads": torch.get_num_threads(), "cpu_huge_pages": a.cpu_huge_pages,
+                    "tier_labels": TIER_LABELS}
     b = Bench(load_model(""), a.threads)
     from connector.calibrate import calibrate_prefill
 
@@ -86,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         ep = stack.enter_context(seaweedfs_s3())
         s3_env = {"AWS_ACCESS_KEY_ID": ep.access_key, "AWS_SECRET_ACCESS_KEY": ep.secret_key,
                   "AWS_DEFAULT_REGION": ep.region}
+        disk_address, disk_pid = stack.enter_context(kv_daemon_pid(work / "disk", "--disk",
+                                                                   f"{work / 'disk' / 'lmdb'}:4GiB"))
+        b.cooler = DiskCooler(disk_address, work / "disk" / "lmdb", disk_pid)
         daemons = {
             "cpu": stack.enter_context(kv_daemon(work / "cpu", "--cpu", "2GiB",
                                                  *(["--cpu-huge-pages"] if a.cpu_huge_pages else []))),
-            "disk": stack.enter_context(kv_daemon(work / "disk", "--disk", f"{work / 'disk' / 'lmdb'}:4GiB")),
+            "disk": disk_address,
             "s3": stack.enter_context(kv_daemon(work / "s3", "--s3", f"s3://tierkv-e2e/{uuid.uuid4().hex[:8]}",
                                                 "--s3-endpoint", ep.url, env=s3_env)),
         }
@@ -107,9 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         if not a.skip_workloads:
             result["workloads"], identical = workloads(b, daemons, a.quick)
     machine["loadavg_end"] = list(os.getloadavg())
+    result["probes"] = {tier: (b.probes[addr]._asdict() if b.probes.get(addr) is not None else None)
+                        for tier, addr in daemons.items()}
+    result.update(b.cooler.summary())
     result.update({
         "cold_ttft_s": h["cold_ttft_s"], "cold_ttft_reps": h["cold_ttft_reps"], "warm_ttft_s": h["warm_ttft_s"],
         "speedup_cpu": h["speedup_cpu"], "load_over_floor_cpu": h["load_over_floor_cpu"],
+        "load_with_lookup_over_floor_cpu": h["load_with_lookup_over_floor_cpu"],
         "load_over_cold_memcpy_cpu": h["load_over_cold_memcpy_cpu"], "floor_ratio_cpu": h["floor_ratio_cpu"],
         "fidelity_identical": h["fidelity_identical"] and identical,
         "replica_hit_rate": result["replicas"]["replica_hit_rate"],

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.servers import running_daemon
+from bench.servers import running_daemon, spawn_daemon, stop_daemon
 from connector.wiring import attach_tierkv, connector_of, detach_tierkv
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -29,12 +30,37 @@ def kv_daemon(work: Path, *flags: str, env: dict[str, str] | None = None):
         yield address
 
 
+@contextmanager
+def kv_daemon_pid(work: Path, *flags: str, env: dict[str, str] | None = None):
+    """``kv_daemon`` yielding (address, pid): the disk daemon's mappings are paged out by pid."""
+    work.mkdir(parents=True, exist_ok=True)
+    proc, address = spawn_daemon(work, *flags, env=env, log_path=work / "daemon.log")
+    try:
+        yield address, proc.pid
+    finally:
+        stop_daemon(proc)
+
+
 class Bench:
-    """One loaded model, engines on separate KV pools, one prefill model for every connector."""
+    """One loaded model, engines on separate KV pools, one prefill model for every connector, one
+    start-up probe per daemon (a running engine probes once; each fresh connector of the bench is
+    seeded with that daemon's figure), and ``before_point(address)`` called before every timed
+    point (bench.e2e.cold: the disk daemon's files evicted)."""
 
     def __init__(self, loaded, threads: int, prefill=None) -> None:
         self.loaded, self.threads, self.prefill = loaded, threads, prefill
         self.rng = np.random.default_rng(1234)
+        self.probes: dict[str, object] = {}  # address -> connector.probe.ProbeResult (None: it could not time)
+        self.cooler = None  # bench.e2e.cold.DiskCooler
+
+    @property
+    def threads_used(self) -> int:
+        """torch threads the engines compute on (``threads`` 0: torch's default, as kvengine leaves it)."""
+        return torch.get_num_threads()
+
+    def before_point(self, address: str | None) -> None:
+        if self.cooler is not None and address is not None:
+            self.cooler.before(address)
 
     def engine(self, num_pages: int) -> LLMEngine:
         cfg = EngineConfig(num_pages=num_pages, num_threads=self.threads, max_prefill_tokens=8192)
@@ -43,8 +69,13 @@ class Bench:
         return eng
 
     def attach(self, eng: LLMEngine, address: str, **kw: object):
-        conn = attach_tierkv(eng, address, prefill=self.prefill, **kw)
+        known = address in self.probes
+        conn = attach_tierkv(eng, address, prefill=self.prefill, **({"probe": False} if known else {}), **kw)
         self.prefill = conn.cost.prefill  # calibrate once per process
+        if not known:
+            self.probes[address] = conn.probe_result
+        elif (res := self.probes[address]) is not None:
+            conn.cost.seed(res.tier, res.latency_s, res.bandwidth)  # as the connector's own probe seeds it
         return conn
 
     def detach(self, eng: LLMEngine) -> None:
@@ -97,15 +128,41 @@ def loaded_by_tier(conn) -> dict[str, float]:
     return {t: conn.metrics.value("tierkv_connector_loaded_tokens_total", tier=t) for t in (*TIERS, "redis")}
 
 
-def memcpy_bandwidth() -> float:
-    """Bytes/s of the best of 3 copies of 256 MiB (numpy copyto, one thread)."""
+class ThreadedCopy:
+    """``np.copyto(dst, src)`` split into ``threads`` contiguous parts copied at once (numpy
+    releases the GIL for the copy): a memcpy floor on as many threads as the load it is set
+    against (a load of >= 4 MiB copies on ``native.default_threads()``)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+
+    def __call__(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if self._pool is None:
+            np.copyto(dst, src)
+            return
+        bounds = np.linspace(0, src.size, self.threads + 1).astype(int)
+        list(self._pool.map(lambda i: np.copyto(dst[bounds[i] : bounds[i + 1]], src[bounds[i] : bounds[i + 1]]),
+                            range(self.threads)))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+def memcpy_bandwidth(threads: int = 1) -> float:
+    """Bytes/s of the best of 3 copies of 256 MiB (numpy copyto on ``threads`` threads)."""
     a = np.ones(256 * 2**20 // 8)
     b = np.empty_like(a)
+    copy = ThreadedCopy(threads)
     best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t0)
+    try:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            copy(b, a)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        copy.close()
     return a.nbytes / best
 
 

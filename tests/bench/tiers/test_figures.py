@@ -98,17 +98,29 @@ def test_passes_figures_from_synthetic_timings():
     assert out["ratio"] == 0.5 and out["paired_ratio"] == 0.5 and out["mget_gbps"] == 2.0
 
 
-def test_daemon_headline_is_the_copying_path_against_the_best_redis():
-    # Views come back 10x faster than copies; the headline must not use them.
-    s = {"views": [0.1] * 3, "copy": [1.0] * 3, "into": [0.5] * 3, "redis_loop": [4.0] * 3,
-         "redis_pipe": [3.0] * 3, "redis_mget": [2.0] * 3, "tcp_get": [8.0] * 3, "tcp_into": [4.0] * 3}
-    out = daemon_figures({"s": s, "bytes": 2_000_000_000, "tcp_bytes": 4_000_000_000, "tcp_shm": False})
-    assert out["vs_redis"] == 2.0  # copy (1 s) vs the best Redis read, MGET (2 s), not the GET loop (4 s)
-    assert "mget" in out["redis_baseline"] and out["redis_get_gbps"] == 1.0
-    assert out["vs_redis_views"] == 20.0 and out["vs_redis_into"] == 4.0
-    assert out["tcp_get_gbps"] == 0.5 and out["tcp_into_gbps"] == 1.0
-    s["copy"] = [4.0] * 3  # copies slower than Redis: the headline falls below 1
-    assert daemon_figures({"s": s, "bytes": 1, "tcp_bytes": 1, "tcp_shm": False})["vs_redis"] == 0.5
+def _daemon_timings() -> dict[str, list[float]]:
+    """Every path its own speed, so a ratio set against the wrong side comes out wrong."""
+    s = {"views": 0.1, "copy": 1.0, "into": 0.5, "tcp_get": 3.0, "tcp_into": 2.5,
+         "redis_loop": 8.0, "redis_pipe": 6.0, "redis_mget": 4.0,  # over TCP: MGET is the best, 4 s
+         "redisu_loop": 5.0, "redisu_pipe": 2.0, "redisu_mget": 2.5}  # over the unix socket: pipelined, 2 s
+    return {k: [v] * 3 for k, v in s.items()}
+
+
+def test_daemon_ratios_set_each_transport_against_its_own_kind():
+    out = daemon_figures({"s": _daemon_timings(), "bytes": 2_000_000_000, "tcp_shm": False})
+    assert out["vs_redis"] == round(4.0 / 3.0, 2)  # TCP get (3 s) against Redis's best over TCP (MGET, 4 s)
+    assert out["vs_redis_unix"] == 2.0  # shared memory (1 s) against Redis's best over its unix socket (2 s)
+    assert out["vs_redis_mixed"] == 4.0  # shared memory against TCP: the old headline, a breakdown
+    assert "mget" in out["redis_baseline"] and "TCP" in out["redis_baseline"]
+    assert "pipelined_get" in out["redis_unix_baseline"] and out["redis_unix_get_gbps"] == 1.0
+    assert out["vs_redis_views"] == 40.0 and out["vs_redis_into"] == 8.0  # breakdowns against TCP, as before
+    assert out["tcp_get_gbps"] == round(2 / 3, 3) and out["get_copy_gbps"] == 2.0
+
+
+def test_daemon_headline_falls_below_one_when_tcp_gets_are_slower_than_redis():
+    s = _daemon_timings()
+    s["tcp_get"] = [8.0] * 3
+    assert daemon_figures({"s": s, "bytes": 1, "tcp_shm": False})["vs_redis"] == 0.5
 
 
 # -- baselines set up like the tiers -----------------------------------------------------
@@ -236,16 +248,26 @@ def test_bench_disk_reports_cold_figures_from_a_real_drop(tmp_path):
 
 
 # -- the daemon section, end to end on a real daemon and Redis (tiny plan) ------------------
-def test_daemon_bench_reports_copying_headline_and_streamed_path(redis_url):
+def test_daemon_bench_compares_at_the_engines_block_size_on_both_transports():
     from bench.tiers.daemon import Plan, measure_daemon
+    from bench.tiers.engine_block import engine_block
 
-    out = measure_daemon(quick=True, redis_url=redis_url, plan=Plan(blocks=3, rounds=2, tcp_blocks=2,
-                                                                      scaling_reps=1, scaling_clients=2))
+    out = measure_daemon(quick=True, plan=Plan(blocks=3, rounds=2, scaling_reps=1, scaling_clients=2))
     assert out["shm"] is True and out["tcp_shm"] is False  # the streamed client really streamed
-    assert out["tcp_block_bytes"] > 4 << 20
-    for key in ("vs_redis", "vs_redis_views", "get_copy_gbps", "redis_get_gbps", "tcp_get_gbps",
-                "concurrent_scaling", "concurrent_get_gbps_2"):
+    assert out["block_payload_bytes"] == engine_block().payload_bytes == 720 * 1024  # SmolLM2-135M's page
+    assert out["block_payload_bytes"] < out["block_bytes"] < out["block_payload_bytes"] + 4096  # + its header
+    for key in ("vs_redis", "vs_redis_unix", "vs_redis_mixed", "get_copy_gbps", "redis_get_gbps",
+                "redis_unix_get_gbps", "tcp_get_gbps", "concurrent_scaling", "concurrent_get_gbps_2"):
         assert out[key] > 0, key
+
+
+def test_the_engine_block_is_the_pool_page_the_connector_puts(tiny_model_dir, tiny):
+    from bench.tiers.engine_block import engine_block
+    from tests.fixtures_engine import make_engine
+
+    spec = engine_block(str(tiny_model_dir))
+    pool = make_engine(tiny, page_size=16).pool  # EngineConfig's default page size
+    assert spec.payload_bytes == pool.bytes_per_page and spec.shape == pool.block_shape()
 
 
 def _mapping_of(arr: np.ndarray) -> str:
@@ -280,3 +302,38 @@ def test_cpu_baseline_copies_out_of_memory_of_the_arenas_kind():
     srcs = _laid_out(blocks, mem)
     for k, a in blocks:
         assert np.array_equal(srcs[k], a) and (srcs[k].ctypes.data - mem.ctypes.data) % 64 == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps")
+def test_cpu_headline_copies_out_of_private_memory_and_memfd_is_the_breakdown(monkeypatch):
+    """``ratio`` is set against private memory (what a user copies from); the memfd baseline only
+    gives ``vs_memfd``. Until issue 23 the headline was the memfd one."""
+    import bench.tiers.run as run
+
+    kinds: list[str] = []
+    real_copy_out = run._copy_out
+
+    def copy_out(srcs, dst):
+        first = next(iter(srcs.values()))
+        kinds.append("memfd" if "memfd:" in _mapping_of(first) else "private")
+        return real_copy_out(srcs, dst)
+
+    class Fake:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def figures(self) -> dict[str, float]:
+            return {"get_gbps": 1.0, "raw_gbps": 1.0, "ratio": float(self.n), "paired_ratio": float(self.n)}
+
+    calls: list[int] = []
+
+    def measure(tier, blocks, raw_get, reps, consume=None, extra=None):
+        calls.append(len(calls))
+        return Fake(len(calls) - 1)
+
+    monkeypatch.setattr(run, "_copy_out", copy_out)
+    monkeypatch.setattr(run, "measure", measure)
+    out = run.bench_cpu(run.make_blocks(2), reps=1)
+    assert kinds[int(out["ratio"])] == "private" and "private memory" in out["baseline"]
+    assert kinds[int(out["vs_memfd"]["ratio"])] == "memfd"
+    assert "vs_private_memory" not in out
