@@ -32,11 +32,13 @@ QUICK_MODES = ("radix", "daemon_cpu", "daemon_disk", "daemon_s3")
 
 @dataclass(frozen=True)
 class EngineSpec:
-    num_pages: int
+    num_pages: int  # 0: the pool from kv_memory
     page_size: int = 16
     threads: int = 2
     max_num_seqs: int = 16
     model: str = ""  # "" = the bundled SmolLM2-135M
+    max_prefill_tokens: int = 0  # 0: the engine's default
+    kv_memory: str = ""  # the pool as a size (e.g. 2Gi) when num_pages is 0
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,11 @@ def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.
     """``kvengine serve`` for ``mode`` (with its daemon), ready to answer (``verbose``: debug logs)."""
     work.mkdir(parents=True, exist_ok=True)
     with mode_daemon(mode, work / "daemon") as address:
-        flags = ["--no-blend", "--num-pages", str(spec.num_pages), "--page-size", str(spec.page_size),
+        pool = ["--num-pages", str(spec.num_pages)] if spec.num_pages > 0 else ["--kv-memory", spec.kv_memory]
+        flags = ["--no-blend", *pool, "--page-size", str(spec.page_size),
                  "--threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs)]
+        if spec.max_prefill_tokens > 0:
+            flags += ["--max-prefill-tokens", str(spec.max_prefill_tokens)]
         if address is not None:
             flags += ["--kvstore", address]
         if spec.model:
