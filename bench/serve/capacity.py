@@ -83,7 +83,8 @@ async def _point(srv: Server, wl: QAWorkload, offsets: list[float], plan: PointP
         t.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     bar.close()
-    return t0, [t.result() if t in done else None for t in tasks]
+    # a task that raised outside the client's own errors (never expected) counts as not completed
+    return t0, [t.result() if t in done and t.exception() is None else None for t in tasks]
 
 
 def measure_point(srv: Server, wl: QAWorkload, qps: float, plan: PointPlan, seed: int, phase: str) -> dict[str, Any]:

@@ -26,8 +26,8 @@ import httpx
 from bench.servers import engine_server, prepare_bucket, redis_server, running_daemon, seaweedfs_s3
 
 MODES = ("no_cache", "radix", "daemon_cpu", "daemon_disk", "daemon_s3", "daemon_redis")
+NO_WT = "_no_write_through"  # daemon_cpu_no_write_through: offload on evict only (write-through's cost, at 1x)
 CONNECTOR_ENV = {"TIERKV_CONNECTOR_WRITE_THROUGH": "1"}  # the daemon modes' connector settings
-QUICK_MODES = ("radix", "daemon_cpu", "daemon_disk", "daemon_s3")
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def mode_daemon(mode: str, work: Path) -> Iterator[str | None]:
     if not mode.startswith("daemon_"):
         yield None
         return
-    tier = mode.removeprefix("daemon_")
+    tier = mode.removeprefix("daemon_").removesuffix(NO_WT)
     flags: list[str] = []
     env: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
@@ -100,7 +100,8 @@ def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.
             flags += ["--model", spec.model]
         if verbose:
             flags.append("-v")
-        env = {"OMP_NUM_THREADS": str(spec.threads), **(CONNECTOR_ENV if address is not None else {})}
+        wt = CONNECTOR_ENV if address is not None and not mode.endswith(NO_WT) else {}
+        env = {"OMP_NUM_THREADS": str(spec.threads), **wt}
         with engine_server(*flags, env=env, log_path=work / "engine.log", timeout_s=timeout_s, grace_s=60) as engine:
             model = httpx.get(f"{engine.base}/v1/models", timeout=5).json()["data"][0]["id"]
             yield Server(mode, engine.port, model, work / "engine.log")

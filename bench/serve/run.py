@@ -40,7 +40,7 @@ import numpy as np
 from bench.e2e.support import machine_facts
 from bench.serve.capacity import PointPlan, mode_run
 from bench.serve.figures import mode_summary, scrape, target_figures
-from bench.serve.modes import CONNECTOR_ENV, MODES, EngineSpec, mode_server
+from bench.serve.modes import CONNECTOR_ENV, MODES, NO_WT, EngineSpec, mode_server
 from bench.serve.schedule import rotated
 from bench.serve.settle import settle
 from bench.serve.workload import QASpec, QAWorkload, RAGSpec, planned_qa_working_set
@@ -59,23 +59,24 @@ class Preset:
     modes: tuple[str, ...]
     rag: RAGSpec | None
     rag_modes: tuple[str, ...]
+    wt_cost_at: float | None = None  # at this ratio daemon_cpu also runs without write-through
 
 
 QA = QASpec(system_tokens=128, context_tokens=640, question_tokens=24, answer_tokens=32, max_turns=4)
-QUICK = Preset(QA, 192, (4.0,), PointPlan((0.5, 1, 2, 4), 1, 10.0, 60.0, 15.0, 3.0, 20.0), 3, ("radix", "daemon_cpu"),
+QUICK = Preset(QA, 192, (4.0,), PointPlan((0.5, 1, 2, 4), 1, 10.0, 60.0, 15.0, 3.0, 8.0), 3, ("radix", "daemon_cpu"),
                None, ())
 FULL = Preset(replace(QA, context_tokens=960), 256, (1.0, 2.0, 4.0),
               PointPlan((0.25, 0.5, 1, 2, 4, 8), 3, 30.0, 120.0, 30.0, 2.0, 60.0), 3, MODES,
-              RAGSpec(docs=12, doc_tokens=384, requests=24), MODES)
+              RAGSpec(docs=12, doc_tokens=384, requests=24), MODES, wt_cost_at=1.0)
 
 
 def users_for(ratio: float, qa: QASpec, pool_tokens: int, tok) -> int:
-    """Users whose conversations, half-way through their ``max_turns``, hold ``ratio`` x the pool
+    """Users whose conversations, half-way through their ``max_turns``, hold at least ``ratio`` x the pool
     (a plan only: the JSON's ratio is measured)."""
     one = replace(qa, users=1, rounds=max(1, qa.max_turns // 2))
     ws1, _ = planned_qa_working_set(one, tok)
     private = planned_qa_working_set(replace(one, users=2), tok)[0] - ws1
-    return max(1, round((ratio * pool_tokens - (ws1 - private)) / private))
+    return max(1, math.ceil((ratio * pool_tokens - (ws1 - private)) / private))  # at least the ratio
 
 
 def measured_ratio(runs: dict[str, list[dict[str, Any]]], pool_tokens: int) -> dict[str, Any]:
@@ -97,6 +98,8 @@ def run_ratio(ratio: float, preset: Preset, modes: list[str], spec: EngineSpec, 
     _, largest = planned_qa_working_set(replace(qa, rounds=qa.max_turns), tok)
     if largest + 2 * PAGE > pool_tokens:
         raise ValueError(f"a pool of {pool_tokens} tokens cannot hold one request of {largest}")
+    if ratio == preset.wt_cost_at and "daemon_cpu" in modes:
+        modes = [*modes, "daemon_cpu" + NO_WT]
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for run in range(preset.runs):
         for pos, mode in enumerate(rotated(modes, run)):
@@ -112,9 +115,16 @@ def run_ratio(ratio: float, preset: Preset, modes: list[str], spec: EngineSpec, 
             log.info("%gx run %d %s: knee %.3g req/s (bracket %s), %d points, load %.2f", ratio, run, mode,
                      res["knee_qps"], res["bracket"], len(res["points"]), res["loadavg_end"][0])
     ref = preset.points.grid[0]
-    return {"target_ratio": ratio, "users": qa.users, "workload": vars(qa),
-            "working_set_over_pool": measured_ratio(runs, pool_tokens),
-            "modes": {m: {**mode_summary(rs, ref), "runs": [_public(r) for r in rs]} for m, rs in runs.items()}}
+    out = {"target_ratio": ratio, "users": qa.users, "workload": vars(qa),
+           "working_set_over_pool": measured_ratio(runs, pool_tokens),
+           "modes": {m: {**mode_summary(rs, ref), "runs": [_public(r) for r in rs]} for m, rs in runs.items()}}
+    if "daemon_cpu" + NO_WT in out["modes"]:  # what writing every request through costs where nothing is evicted
+        wt, off = out["modes"]["daemon_cpu"], out["modes"]["daemon_cpu" + NO_WT]
+        out["write_through_cost"] = {"capacity_ratio": wt["capacity_qps"] / off["capacity_qps"]
+                                     if off["capacity_qps"] else None,
+                                     "ttft_mean_ratio": wt["ttft_mean_s"] / off["ttft_mean_s"],
+                                     "itl_p99_ratio": wt["itl_p99_s"] / off["itl_p99_s"]}
+    return out
 
 
 def _plot(doc: dict, path: Path) -> None:
