@@ -25,8 +25,9 @@ POINT_KEYS = ("offered_qps", "completed_per_s", "sent_per_s", "duration_s", "itl
 
 def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> None:
     qa = QASpec(system_tokens=32, context_tokens=96, question_tokens=8, answer_tokens=4, max_turns=2)
-    # a generous SLO: every point passes, the walk reaches the grid's top and the knee is capped there
-    small = run.Preset(qa, 24, (4.0,), PointPlan((2.0, 4.0), 1, 1.0, 3.0, 20.0, 60.0, 2.0), 1,
+    # a generous SLO; whether a 4 s point completes 90% of what it was sent is Poisson's call, so the
+    # knee is checked against the points, not against a value
+    small = run.Preset(qa, 24, (4.0,), PointPlan((2.0, 4.0), 1, 2.0, 4.0, 20.0, 60.0, 2.0), 1,
                        ("no_cache", "radix", "daemon_cpu", "daemon_redis"), None, ())
     monkeypatch.setattr(run, "QUICK", small)
     # The tiny model recomputes a page faster than any tier loads it, so the cost model would rightly
@@ -40,16 +41,18 @@ def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> Non
     assert doc["runs"] == 1 and doc["slo_ttft_p90_s"] == 60.0 and doc["pool_tokens"] == 24 * 16
     assert {"cpu_count", "loadavg_start", "loadavg_end", "torch_threads", "git_revision"} <= set(doc["machine"])
     ratio = doc["working_set_sweep"]["4x"]["working_set_over_pool"]
-    assert doc["working_set_over_pool"] == ratio["median"] and ratio["points"] == 8 and ratio["median"] > 1
+    n_points = sum(len(m["runs"][0]["points"]) for m in doc["modes"].values())
+    assert doc["working_set_over_pool"] == ratio["median"] and ratio["points"] == n_points and ratio["median"] > 1
     for mode in ("no_cache", "radix", "daemon_cpu", "daemon_redis"):
         m = doc["modes"][mode]
         for k in KEYS:
             assert k in m, (mode, k)
         (r,) = m["runs"]
-        assert r["first_round_errors"] == 0 and r["capped"] and m["capacity_qps"] == 4.0
-        assert [p["offered_qps"] for p in r["points"]] == [2.0, 4.0]
+        assert r["first_round_errors"] == 0 and r["points"][0]["offered_qps"] == 2.0
+        held = [p["offered_qps"] for p in r["points"] if p["passes"]]
+        assert m["capacity_qps"] == r["knee_qps"] == max(held, default=0.0)
         for p in r["points"]:
-            assert set(POINT_KEYS) <= set(p) and "_itl" not in p and p["duration_s"] == 3.0
+            assert set(POINT_KEYS) <= set(p) and "_itl" not in p and p["duration_s"] == 4.0
     src = {mode: doc["modes"][mode]["tokens_by_source"] for mode in doc["modes"]}
     assert src["no_cache"]["radix"] == 0 and set(src["no_cache"]) == {"radix", "recomputed"}
     assert src["daemon_cpu"].get("cpu", 0) > 0  # the daemon supplied evicted conversations
