@@ -211,7 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(hf_model_dir(a.model))
     if a.sweep_only:
         return _sweep(a, tok)
-    spec = EngineSpec(num_pages=preset.pool_pages, threads=a.threads, model=a.model)
+    from engine.config import EngineConfig
+
+    # the engine's default step budget, written down: the radix baseline runs at the sweep's best
+    # (bench/results/serve_prefill_sweep_quick.json), and so does every other mode
+    spec = EngineSpec(num_pages=preset.pool_pages, threads=a.threads, model=a.model,
+                      max_prefill_tokens=EngineConfig().max_prefill_tokens)
     t0 = time.monotonic()
     machine = machine_facts()
     doc: dict[str, Any] = {"quick": a.quick, "runs": preset.runs, "slo_ttft_p90_s": preset.points.slo_s,
