@@ -16,6 +16,7 @@ at 0.5 req/s the two counts differ by a few requests from Poisson noise alone (~
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import sys
 import time
@@ -36,6 +37,7 @@ from bench.serve.settle import settle
 from bench.serve.workload import QAWorkload
 
 QUEUE_METRIC = "tierkv_connector_offload_queue_bytes"
+log = logging.getLogger("bench.serve")
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,9 @@ def mode_run(srv: Server, wl: QAWorkload, plan: PointPlan, seed: int) -> dict[st
         pt = measure_point(srv, wl, q, plan, seed + len(points), phase)
         pt["settle"] = {"waited_s": s.waited_s, "busy": s.busy, "queue_bytes": s.queue, "timed_out": s.timed_out}
         points.append(pt)
+        log.info("%s %s %.3g req/s: sent %.3g/s completed %.3g/s, TTFT p90 %.2fs, %d cancelled: %s", srv.mode, phase,
+                 q, pt["sent_per_s"], pt["completed_per_s"], pt["ttft_p90_s"], pt["cancelled"],
+                 "holds" if pt["passes"] else "fails")
         return pt["passes"]
 
     knee = find_knee(measure, plan.grid, plan.bisect_steps)
