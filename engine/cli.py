@@ -51,7 +51,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=None, help=_field_help("tokens per KV page", "page_size"))
     p.add_argument("--max-num-seqs", type=int, default=None, help=_field_help("running requests", "max_num_seqs"))
     p.add_argument("--max-prefill-tokens", type=int, default=None,
-                   help=_field_help("token budget of one step", "max_prefill_tokens"))
+                   help=_field_help("prompt tokens one step adds to its running decodes (chunked prefill): "
+                                    "smaller keeps streams flowing behind long prompts, larger gives a long "
+                                    "prompt its first token in fewer steps; see docs/operations.md",
+                                    "max_prefill_tokens"))
     p.add_argument("--max-model-len", type=int, default=None,
                    help=_field_help("context length", "max_model_len", "0 = the model's"))
     p.add_argument("--attention-backend", default=None, choices=["auto", "torch", "flashinfer"],

@@ -18,7 +18,9 @@ class EngineConfig:
     kv_memory: int = 512 * 2**20  # bytes for the paged KV pool (sizes: 512Mi = 512 x 2^20, 512M = 512 x 10^6)
     num_pages: int = 0  # overrides kv_memory when > 0 (tests)
     max_num_seqs: int = 64  # running requests at once
-    max_prefill_tokens: int = 2048  # token budget of one step (chunked prefill)
+    # prompt tokens one step may add to its decodes (chunked prefill): small keeps streams flowing behind
+    # long prompts (bench/results/serve_prefill_sweep_quick.json, docs/operations.md); raise it on a GPU
+    max_prefill_tokens: int = 128
     max_model_len: int = 0  # 0 = the model's max_position_embeddings
     attention_backend: str = "auto"  # auto | torch | flashinfer
     num_threads: int = 0  # torch intra-op threads on CPU; 0 = leave torch's default

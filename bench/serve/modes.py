@@ -26,17 +26,19 @@ import httpx
 from bench.servers import engine_server, prepare_bucket, redis_server, running_daemon, seaweedfs_s3
 
 MODES = ("no_cache", "radix", "daemon_cpu", "daemon_disk", "daemon_s3", "daemon_redis")
+NO_WT = "_no_write_through"  # daemon_cpu_no_write_through: offload on evict only (write-through's cost, at 1x)
 CONNECTOR_ENV = {"TIERKV_CONNECTOR_WRITE_THROUGH": "1"}  # the daemon modes' connector settings
-QUICK_MODES = ("radix", "daemon_cpu", "daemon_disk", "daemon_s3")
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    num_pages: int
+    num_pages: int  # 0: the pool from kv_memory
     page_size: int = 16
     threads: int = 2
     max_num_seqs: int = 16
     model: str = ""  # "" = the bundled SmolLM2-135M
+    max_prefill_tokens: int = 0  # 0: the engine's default
+    kv_memory: str = ""  # the pool as a size (e.g. 2Gi) when num_pages is 0
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def mode_daemon(mode: str, work: Path) -> Iterator[str | None]:
     if not mode.startswith("daemon_"):
         yield None
         return
-    tier = mode.removeprefix("daemon_")
+    tier = mode.removeprefix("daemon_").removesuffix(NO_WT)
     flags: list[str] = []
     env: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
@@ -87,15 +89,19 @@ def mode_server(mode: str, spec: EngineSpec, work: Path, timeout_s: float = 600.
     """``kvengine serve`` for ``mode`` (with its daemon), ready to answer (``verbose``: debug logs)."""
     work.mkdir(parents=True, exist_ok=True)
     with mode_daemon(mode, work / "daemon") as address:
-        flags = ["--no-blend", "--num-pages", str(spec.num_pages), "--page-size", str(spec.page_size),
+        pool = ["--num-pages", str(spec.num_pages)] if spec.num_pages > 0 else ["--kv-memory", spec.kv_memory]
+        flags = ["--no-blend", *pool, "--page-size", str(spec.page_size),
                  "--threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs)]
+        if spec.max_prefill_tokens > 0:
+            flags += ["--max-prefill-tokens", str(spec.max_prefill_tokens)]
         if address is not None:
             flags += ["--kvstore", address]
         if spec.model:
             flags += ["--model", spec.model]
         if verbose:
             flags.append("-v")
-        env = {"OMP_NUM_THREADS": str(spec.threads), **(CONNECTOR_ENV if address is not None else {})}
+        wt = CONNECTOR_ENV if address is not None and not mode.endswith(NO_WT) else {}
+        env = {"OMP_NUM_THREADS": str(spec.threads), **wt}
         with engine_server(*flags, env=env, log_path=work / "engine.log", timeout_s=timeout_s, grace_s=60) as engine:
             model = httpx.get(f"{engine.base}/v1/models", timeout=5).json()["data"][0]["id"]
             yield Server(mode, engine.port, model, work / "engine.log")

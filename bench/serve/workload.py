@@ -37,10 +37,11 @@ class QASpec:
     question_tokens: int = 24
     answer_tokens: int = 12
     rounds: int = 4  # measured rounds (a first, unmeasured round puts every context in the cache)
+    max_turns: int = 0  # a user starts a new conversation (a new document) after this many turns; 0: never
 
     def __post_init__(self) -> None:
         if min(self.users, self.system_tokens, self.context_tokens, self.question_tokens, self.answer_tokens,
-               self.rounds) <= 0:
+               self.rounds) <= 0 or self.max_turns < 0:
             raise ValueError(f"every QA workload size must be > 0: {self}")
 
 
@@ -73,10 +74,17 @@ class Text:
 
 
 class QAWorkload:
-    """Each user's conversation; ``next_turn(u)`` is its next request, ``answered`` appends the answer."""
+    """Each user's conversation; ``next_turn(u)`` is its next request, ``answered`` appends the answer.
+
+    Under Poisson arrivals ``pick()`` says who sends: the idle user who sent longest ago (a user
+    waits for an answer before asking again); when every user is waiting, the one who sent longest
+    ago asks anyway (counted in ``busy_picks``: the population, not the rate, limited the load).
+    ``held_tokens()`` is the working set as it is now, measured from the conversations.
+    """
 
     def __init__(self, spec: QASpec, tokenizer, seed: int = 7) -> None:
         self.spec = spec
+        self.tok = tokenizer
         text = Text(tokenizer, seed)
         self.system = text.make(spec.system_tokens)
         self.contexts = [text.make(spec.context_tokens) for _ in range(spec.users)]
@@ -84,8 +92,34 @@ class QAWorkload:
         self.turns = [0] * spec.users
         self.history: list[list[dict[str, str]]] = [[{"role": "system", "content": self.system}]
                                                     for _ in range(spec.users)]
+        self.waiting: set[int] = set()
+        self._last = [-1] * spec.users
+        self._picks = 0
+        self.busy_picks = 0
+        self.restarts = 0
+
+    def pick(self) -> int:
+        idle = [u for u in range(self.spec.users) if u not in self.waiting]
+        if not idle:
+            self.busy_picks += 1
+        user = min(idle or range(self.spec.users), key=lambda u: self._last[u])
+        self._last[user] = self._picks
+        self._picks += 1
+        self.waiting.add(user)
+        return user
+
+    def held_tokens(self) -> int:
+        """Tokens of KV every user's conversation holds now (its prompt so far under the chat
+        template, answers included), the shared system turn counted once."""
+        shared = chat_tokens(self.tok, self.history[0][:1], generation_prompt=False)
+        return shared + sum(chat_tokens(self.tok, h, generation_prompt=False) - shared for h in self.history)
 
     def next_turn(self, user: int) -> list[dict[str, str]]:
+        if self.spec.max_turns and self.turns[user] >= self.spec.max_turns:  # a new conversation, a new document
+            self.history[user] = [{"role": "system", "content": self.system}]
+            self.contexts[user] = self._text.make(self.spec.context_tokens)
+            self.turns[user] = 0
+            self.restarts += 1
         question = self._text.make(self.spec.question_tokens)
         if self.turns[user] == 0:
             question = f"Document:\n{self.contexts[user]}\n\nQuestion: {question}"
@@ -95,6 +129,14 @@ class QAWorkload:
 
     def answered(self, user: int, text: str) -> None:
         self.history[user].append({"role": "assistant", "content": text})
+        self.waiting.discard(user)
+
+    def abandoned(self, user: int) -> None:
+        """The user's request was cancelled unanswered: its question is taken back."""
+        if self.history[user][-1]["role"] == "user":
+            self.history[user].pop()
+            self.turns[user] -= 1
+        self.waiting.discard(user)
 
 
 class RAGWorkload:

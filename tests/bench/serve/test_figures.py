@@ -48,27 +48,33 @@ def test_tokens_by_source_splits_radix_tiers_and_recompute() -> None:
     assert fig.tokens_by_source([_rec(1, [], 100, blend)]) == {"radix": 16, "recomputed": 20, "other": 64}
 
 
-def _pt(qps: float, p90: float, errors: int = 0) -> dict:
-    return {"qps": qps, "ttft_p90_s": p90, "errors": errors}
+def _cap_pt(qps: float, ttft: float, itl: list[float], src: dict | None = None) -> dict:
+    return {"offered_qps": qps, "ttft_mean_s": ttft, "ttft_p50_s": ttft, "ttft_p90_s": 2 * ttft, "ttft_p99_s": 3 * ttft,
+            "completed_per_s": qps, "_itl": itl, "tokens_by_source": src or {"radix": 10, "recomputed": 5}}
 
 
-def test_max_qps_at_slo_is_the_highest_point_held_with_every_lower_one() -> None:
-    assert fig.max_qps_at_slo([_pt(0.5, 1.0), _pt(1, 2.9), _pt(2, 3.5)], 3.0) == 1
-    assert fig.max_qps_at_slo([_pt(2, 1.0), _pt(0.5, 4.0)], 3.0) == 0.0  # the lowest failed: nothing held
-    assert fig.max_qps_at_slo([_pt(0.5, 1.0), _pt(1, 5.0), _pt(2, 1.0)], 3.0) == 0.5  # no comeback
-    assert fig.max_qps_at_slo([_pt(0.5, 1.0), _pt(1, 1.0, errors=1)], 3.0) == 0.5  # a failed request fails it
-    assert not fig.passes(_pt(0.5, math.nan), 3.0)
+def test_mode_summary_is_the_median_knee_and_the_reference_point_pooled() -> None:
+    runs = [{"knee_qps": 1.5, "capped": False, "points": [_cap_pt(0.5, 1.0, [0.1] * 600), _cap_pt(1.0, 9.0, [5.0])]},
+            {"knee_qps": 0.75, "capped": False, "points": [_cap_pt(0.5, 3.0, [0.2] * 600)]},
+            {"knee_qps": 1.25, "capped": True, "points": [_cap_pt(0.5, 2.0, [0.3] * 600)]}]
+    m = fig.mode_summary(runs, reference_qps=0.5)
+    assert m["capacity_qps"] == 1.25 and m["capacity_qps_runs"] == [1.5, 0.75, 1.25]
+    assert m["capacity_qps_spread"] == {"min": 0.75, "median": 1.25, "max": 1.5} and m["capped_runs"] == 1
+    assert m["ttft_mean_s"] == 2.0 and m["reference_points"] == 3  # the 1 req/s point is not the reference
+    assert m["itl_gaps"] == 1800 and m["itl_p50_s"] == pytest.approx(0.2)  # pooled over the runs' gaps
+    assert m["tokens_by_source"] == {"radix": 30, "recomputed": 15}
+    assert math.isnan(fig.mode_summary([], 0.5)["capacity_qps"])
 
 
 def _doc(**over: float) -> dict:
     v = {"ws": 4.2, "r_mean": 2.0, "c_mean": 0.3, "r_qps": 0.5, "c_qps": 2.0, "r_itl": 1.0, "c_itl": 0.2,
          "r_p90": 3.0, "s_p90": 1.0} | over
     return {"working_set_over_pool": v["ws"], "modes": {
-        "radix": {"ttft_mean_s": v["r_mean"], "max_qps_at_slo": v["r_qps"], "itl_p99_s": v["r_itl"],
+        "radix": {"ttft_mean_s": v["r_mean"], "capacity_qps": v["r_qps"], "itl_p99_s": v["r_itl"],
                   "ttft_p90_s": v["r_p90"]},
-        "daemon_cpu": {"ttft_mean_s": v["c_mean"], "max_qps_at_slo": v["c_qps"], "itl_p99_s": v["c_itl"],
+        "daemon_cpu": {"ttft_mean_s": v["c_mean"], "capacity_qps": v["c_qps"], "itl_p99_s": v["c_itl"],
                        "ttft_p90_s": 0.5},
-        "daemon_s3": {"ttft_mean_s": 0.5, "max_qps_at_slo": 1.0, "itl_p99_s": 0.3, "ttft_p90_s": v["s_p90"]}}}
+        "daemon_s3": {"ttft_mean_s": 0.5, "capacity_qps": 1.0, "itl_p99_s": 0.3, "ttft_p90_s": v["s_p90"]}}}
 
 
 def test_every_target_met() -> None:
