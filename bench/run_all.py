@@ -41,13 +41,21 @@ class Figure:
 BENCHES: dict[str, list[Figure]] = {
     "engine": [Figure("prefill_ratio", 1.0), Figure("decode_bs8_over_bs1", 3.0), Figure("radix_hit_speedup", 20.0),
                Figure("fidelity_identical", True, "==")],
-    "tiers": [Figure("tiers.cpu.ratio", 0.9), Figure("tiers.cpu.vs_private_memory.ratio", None), Figure("tiers.disk.ratio", 0.8), Figure("tiers.s3.ratio", 0.8),
-              Figure("tiers.redis.ratio", 0.9), Figure("tiers.disk.cold_ratio", 0.7), Figure("daemon.vs_redis", 3.0),
+    # #23 part 4: the cpu tier against private memory (memfd as a breakdown), daemon vs Redis on the
+    # same transport at the engine's real block size (720 KiB); the old shared-memory-vs-TCP figure
+    # (its 3.0 target) is only a breakdown now: TCP against TCP is held to >= 1.0, not 3.0
+    "tiers": [Figure("tiers.cpu.ratio", 0.9), Figure("tiers.cpu.vs_memfd.ratio", None), Figure("tiers.disk.ratio", 0.8),
+              Figure("tiers.s3.ratio", 0.8), Figure("tiers.redis.ratio", 0.9), Figure("tiers.disk.cold_ratio", 0.7),
+              Figure("daemon.vs_redis", 1.0), Figure("daemon.vs_redis_unix", None), Figure("daemon.vs_redis_mixed", None),
               Figure("daemon.concurrent_scaling", 1.5), Figure("daemon.tcp_get_gbps", 1.0)],
     "e2e": [Figure("cold_ttft_reps", 3), Figure("load_over_floor_cpu", 2.0, "<="),
-            Figure("load_over_cold_memcpy_cpu", None),
+            Figure("load_with_lookup_over_floor_cpu", None), Figure("load_over_cold_memcpy_cpu", None),
+            Figure("speedup_cpu", None), Figure("disk_cold_verified", True, "=="),
             Figure("cost_model.accuracy", 0.9), Figure("cost_model.regret", 0.05, "<="),
-            Figure("cost_model.grid_cases", 12), Figure("fidelity_identical", True, "==")],
+            Figure("cost_model.grid_cases", 12),
+            # #23 part 2: 13 cases at load/recompute 0.70-1.30 over a slow link the model learns
+            Figure("cost_model.accuracy_all", 0.9), Figure("cost_model.regret_all", 0.05, "<="),
+            Figure("cost_model.bias", None), Figure("fidelity_identical", True, "==")],
     "kernels": [Figure("ops.unpack_verify.native_over_memcpy", 0.7), Figure("ops.unpack_verify.native_over_fallback", 1.0),
                 Figure("ops.unpack_verify.native_over_per_block_copy", None),
                 Figure("ops.unpack_verify_batch.native_over_memcpy", None),
@@ -74,9 +82,13 @@ BENCHES: dict[str, list[Figure]] = {
                for f, t, b in (("itl_p99_ratio", 1.5, "<="), ("health_max_s", 1.0, "<"))),
              Figure("dos.salts.rss_growth_mb", 20, "<="), Figure("dos.watch_names.rss_growth_mb", 20, "<="),
              Figure("dos.stalled_puts.lookup_deadline_met", True, "==")],
-    "serve": [Figure("working_set_over_pool", 4.0), Figure("targets.cpu_ttft_mean_vs_radix.value", 1 / 3, "<="),
-              Figure("targets.cpu_max_qps_vs_radix.value", 2.0), Figure("targets.cpu_itl_p99_vs_radix.value", 1.2, "<="),
-              Figure("targets.s3_ttft_p90_vs_radix.value", 1.0, "<="), Figure("rag_s3_ttft_p90_vs_radix", None)],
+    # #23 part 1: capacity as capacity (median knee over >= 3 runs, its spread from capacity_qps_runs),
+    # ITL from >= 1,000 gaps, the working set measured; s3/RAG figures come from full runs only
+    "serve": [Figure("runs", 3), Figure("working_set_over_pool", 4.0),
+              Figure("modes.radix.capacity_qps", None), Figure("modes.daemon_cpu.capacity_qps", None),
+              Figure("targets.cpu_max_qps_vs_radix.value", 2.0), Figure("targets.cpu_ttft_mean_vs_radix.value", 1 / 3, "<="),
+              Figure("targets.cpu_itl_p99_vs_radix.value", 1.2, "<="), Figure("modes.radix.itl_gaps", 1000),
+              Figure("modes.daemon_cpu.itl_gaps", 1000)],
     "vllm": [*(Figure(f"targets.{w}.{f}", t, b) for w in ("chat", "shared_prefix") for f, t, b in (
         ("working_set_over_pool.value", 4.0, ">="), ("tierkv_cpu.ttft_mean_vs_ideal.value", 1.25, "<="),
         ("tierkv_cpu.ttft_mean_speedup_over_vllm", None, ">="), ("tierkv_cpu.itl_p99_vs_vllm.value", 1.2, "<="),

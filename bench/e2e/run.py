@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from bench.e2e.boundary import boundary_grid
 from bench.e2e.cold import DiskCooler
 from bench.e2e.grid import cost_model_grid
 from bench.e2e.headline import headline, replicas
@@ -62,7 +63,8 @@ SUMMARY = ("cold_ttft_s", "cold_ttft_reps", "warm_ttft_s", "speedup_cpu", "load_
 TIER_LABELS = {"cpu": "kvstore daemon, cpu tier (shared-memory arena)",
                "disk": "kvstore daemon, lmdb disk tier, page cache dropped before every point (disk_cold_*)",
                "s3": "kvstore daemon, S3 tier on loopback SeaweedFS (same host, no network)"}
-GRID_SUMMARY = ("grid_cases", "decisive_cases", "accuracy", "regret", "load_median_error", "recompute_median_error")
+GRID_SUMMARY = ("grid_cases", "decisive_cases", "accuracy", "regret", "load_median_error", "recompute_median_error",
+                "accuracy_all", "regret_all", "bias", "bias_load", "bias_recompute")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         # suffix alone took more than half the recompute); such a case is skipped and listed
         lengths = [192, 320, 512] if a.quick else [256, 512, 1024, 2048]
         result["cost_model"] = cost_model_grid(b, daemons, lengths, reps=3, real_reps=1 if a.quick else 3)
+        # the boundary: load/recompute 0.70-1.30 over a slow link the model learns (bench/e2e/boundary.py);
+        # the daemon without shared memory's raw channel, so every byte crosses the link
+        slow = stack.enter_context(kv_daemon(work / "slow", "--cpu", "1GiB", "--no-stream"))
+        bnd = boundary_grid(b, slow, 512 if a.quick else 1024, reps=3)
+        result["cost_model"].update({k: v for k, v in bnd.items() if k != "cases"}, boundary_cases=bnd["cases"])
         identical = True
         if not a.skip_workloads:
             result["workloads"], identical = workloads(b, daemons, a.quick)
