@@ -142,3 +142,43 @@ def boundary_grid(b: Bench, address: str, prefix_tokens: int, ratios=GRID, reps:
                                   "raw channel off; the model learns the link from its probe and its own loads",
                           "told_speed": False, "bytes_forwarded": forwarded},
             "cases": cases}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.e2e.boundary --out F.json [--quick]``: the grid alone (bench.e2e runs it too)."""
+    import argparse
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from bench.e2e.support import kv_daemon, machine_facts
+    from connector.calibrate import calibrate_prefill
+    from engine.model_loader import load_model
+
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e.boundary", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="a 512-token prefix (else 1024)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("connector").setLevel(logging.WARNING)
+    torch.set_num_threads(a.threads)
+    machine = machine_facts()
+    b = Bench(load_model(""), a.threads)
+    b.prefill = calibrate_prefill(b.engine(256).view)
+    with tempfile.TemporaryDirectory(prefix="tierkv-boundary-") as work:
+        with kv_daemon(Path(work) / "d", "--cpu", "1GiB", "--no-stream") as address:
+            doc = boundary_grid(b, address, 512 if a.quick else 1024, reps=a.reps)
+    machine["loadavg_end"] = list(os.getloadavg())
+    doc.update(threads=a.threads, machine=machine)
+    Path(a.out).write_text(json.dumps(doc, indent=2, default=float))
+    print(json.dumps({k: v for k, v in doc.items() if k not in ("cases", "machine")}, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
