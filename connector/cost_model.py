@@ -53,8 +53,12 @@ DEFAULT_TIERS = {
     "s3": (0.02, 1.5e8),
 }
 _FALLBACK = (0.02, 1e8)
-#: steps feeding fewer tokens are decode steps: a different regime, not observed
-MIN_OBSERVED_TOKENS = 16
+#: steps feeding fewer tokens are not observed: decode steps, and the short suffix a load leaves to
+#: compute, whose per-step overhead is a larger share than in a long prefill. At 16, the suffix
+#: steps after every load pulled the one correction up and long recomputes were predicted 9-21% too
+#: slow (bench.e2e.boundary: 0.62-0.69 of the decisions at load/recompute 0.7-1.3 right); at 64,
+#: 1% off and 0.92 right (bench/results/boundary_quick*.json)
+MIN_OBSERVED_TOKENS = 64
 _SCALE_LIMITS = (0.25, 4.0)
 
 
