@@ -220,8 +220,24 @@ def _refreshed(out_dir: Path, name: str, run: dict[str, Any]) -> dict[str, Any]:
         doc = json.loads((out_dir / f"{name}_quick.json").read_text())
     except (OSError, ValueError):
         return run
-    return {**run, "figures": [lookup(doc, f.path) for f in BENCHES[name]],
+    return {**_own_facts(run, doc), "figures": [lookup(doc, f.path) for f in BENCHES[name]],
             "spreads": [spread_of(doc, f.path) for f in BENCHES[name]]}
+
+
+def _own_facts(run: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The load averages and revision a bench's JSON recorded itself, over the ones of the
+    ``make bench`` run on record: a bench run again by hand (``python -m bench.NAME --quick``) is
+    judged by the machine it ran on, not by an older run_all's."""
+    facts = doc.get("machine") or doc.get("meta")
+    if not isinstance(facts, dict):
+        return run
+    before = next((facts[k] for k in ("loadavg_before", "loadavg_start", "loadavg") if facts.get(k)), None)
+    after = next((facts[k] for k in ("loadavg_after", "loadavg_end") if facts.get(k)), None)
+    if before is None or after is None:
+        return run
+    machine = dict(run.get("machine_before") or {})
+    machine.update(loadavg=list(before), git_revision=facts.get("git_revision") or machine.get("git_revision", "?"))
+    return {**run, "machine_before": machine, "machine_after": {**(run.get("machine_after") or {}), "loadavg": list(after)}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,3 +103,22 @@ def test_kept_sections_are_read_again_under_todays_figures(tmp_path) -> None:
     assert got["e2e"]["figures"] == [1]  # no JSON: as recorded
     text = summary_markdown(got)
     assert "| 42 |" in text and text.count("missing") >= len(BENCHES["e2e"]) - 1
+
+
+def test_a_bench_run_by_hand_is_shown_with_its_own_load(tmp_path) -> None:
+    """A bench's JSON that records its load and revision wins over the older run_all record's."""
+    import json
+
+    from bench.run_all import merged
+
+    machine = {"cores": 2, "loadavg": [0.1], "git_revision": "a" * 40, "git_dirty": False}
+    run = {"figures": [], "returncode": 0, "wall_s": 1.0, "machine_before": machine, "machine_after": machine}
+    (tmp_path / "run_all.json").write_text(json.dumps({"soak": run, "e2e": run}))
+    (tmp_path / "soak_quick.json").write_text(json.dumps(
+        {"machine": {"loadavg_before": [5.9, 5, 5], "loadavg_after": [8.7, 8, 8], "git_revision": "b" * 40}}))
+    (tmp_path / "e2e_quick.json").write_text(json.dumps({"machine": {"cores": 2}}))  # no load recorded: as on record
+    got = merged(tmp_path / "run_all.json", {})
+    assert got["soak"]["machine_before"]["loadavg"][0] == 5.9 and got["soak"]["machine_after"]["loadavg"][0] == 8.7
+    assert got["soak"]["machine_before"]["git_revision"] == "b" * 40
+    assert got["e2e"]["machine_before"]["loadavg"] == [0.1]
+    assert "5.9 → 8.7" in summary_markdown(got)
