@@ -151,6 +151,8 @@ class SlowLink:
             await asyncio.gather(self._pump(reader, up_w), self._pump(up_r, writer), return_exceptions=True)
         except (ConnectionError, OSError):
             pass  # the target refused, or a side went away: both sides close
+        except asyncio.CancelledError:
+            pass  # the link is closing: end quietly (a cancelled task here is logged as an error on 3.11)
         finally:
             for w in (writer, up_w):
                 if w is not None:

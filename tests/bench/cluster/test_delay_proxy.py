@@ -84,3 +84,13 @@ def test_the_proxy_lives_in_a_namespace(make_topology: Callable[..., Topology]) 
         with pytest.raises(OSError):  # its loopback port is the node's, not ours
             socket.create_connection(proxy.sockaddr, timeout=1).close()
     srv.close()
+
+
+def test_closing_with_a_connection_open_logs_no_error(echo: tuple[str, int], caplog: pytest.LogCaptureFixture) -> None:
+    """A client still connected when the link closes (a pooled HTTP connection): its task ends
+    quietly, not as a cancelled task asyncio's stream callback reports as an error (Python 3.11)."""
+    with SlowLink(echo, delay_s=0.001) as proxy, socket.create_connection(proxy.sockaddr, timeout=10) as c:
+        c.sendall(b"hi")
+        assert c.recv(2) == b"hi"
+        proxy.close()
+    assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
