@@ -5,7 +5,8 @@ the node's namespace (bench/servers.py's ``spawn_daemon`` behind ``ip netns exec
 Cluster as its shared tier (``--redis URL --redis-cluster``): its traffic to Redis crosses the node's
 link, so the topology's faults (``link_down``, ``set_rate``) are the daemon's. It listens on the
 node's loopback; ``client(op, ...)`` runs bench/cluster/node_client.py in the same namespace and
-returns its JSON. Each daemon gets its own shared-memory socket path (ports repeat across
+returns its JSON. ``kill()`` SIGKILLs the daemon; ``env`` is set over ours (S3 keys); ``redis_url``
+"" gives it no Redis tier (its flags name the others). Each daemon gets its own shared-memory socket path (ports repeat across
 namespaces, so the default ``shm-PORT.sock`` in the shared runtime directory could clash).
 ``lookups(count)`` keeps one such client running: ``ask(tag)`` times one lookup request.
 """
@@ -27,15 +28,16 @@ class NodeDaemonError(RuntimeError):
 
 class NodeDaemon:
     def __init__(self, topo: Topology, node: str, workdir: Path, redis_url: str, *flags: str,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, env: dict[str, str] | None = None) -> None:
         self.topo, self.node = topo, node
         self.workdir = workdir / node
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.workdir / "daemon.log"
         self.proc, self.address = spawn_daemon(
-            self.workdir / "cache", "--redis", redis_url, "--redis-cluster",
+            self.workdir / "cache", *(("--redis", redis_url, "--redis-cluster") if redis_url else ()),
             "--shm-socket", str(self.workdir / "shm.sock"), *flags,
-            log_path=self.log_path, listen="127.0.0.1:0", timeout_s=timeout_s, prefix=topo.exec_prefix(node))
+            log_path=self.log_path, listen="127.0.0.1:0", timeout_s=timeout_s, prefix=topo.exec_prefix(node),
+            env=env)
 
     def client(self, op: str, tag: str, count: int = 16, *extra: str, timeout_s: float = 90.0) -> dict[str, object]:
         """Run ``node_client ADDRESS op --tag tag --count count`` inside this node's namespace."""
@@ -54,6 +56,12 @@ class NodeDaemon:
 
     def stop(self) -> None:
         stop_daemon(self.proc)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown path runs (the node-lost fault)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
 
     def __enter__(self) -> NodeDaemon:
         return self

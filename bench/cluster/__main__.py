@@ -1,0 +1,44 @@
+"""``python -m bench.cluster --out F.json [--quick]``: the cluster bench of issue #25 (bench/cluster/run.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench.cluster.faults import FAULTS
+from bench.cluster.run import run
+from bench.cluster.topology import NamespacesUnavailable
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--quick", action="store_true", help="fewer rounds and blocks (make bench: <= 6 min on 2 cores)")
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
+    p.add_argument("--no-latency", action="store_true", help="skip get_latency_by_link")
+    args = p.parse_args(argv)
+    if args.nodes < 3:
+        p.error("--nodes: at least 3 (issue #25)")
+    faults = [f for f in args.faults.split(",") if f]
+    if unknown := set(faults) - set(FAULTS):
+        p.error(f"unknown faults {sorted(unknown)}; choose from {list(FAULTS)}")
+    try:
+        res = run(args.quick, nodes=args.nodes, faults=faults, latency=not args.no_latency)
+    except NamespacesUnavailable as e:
+        print(f"bench.cluster needs network namespaces: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(res, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    summary = {"nodes": res["nodes"], "cross_node_hit_rate": res["cross_node_hit_rate"],
+               "faults": {k: {f: v.get(f) for f in ("wrong_outputs", "client_errors", "recovery_s")}  # type: ignore[union-attr]
+                          for k, v in res["faults"].items()}}  # type: ignore[union-attr]
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""The faults of issue #25, each injected while every node keeps writing and reading (bench/cluster/rounds.py).
+
+Every fault runs the same way: ``inject``, ``during`` rounds with the fault in place (or until it
+resolves itself), ``heal``, then rounds until the ``watched`` nodes each read another node's blocks
+whole, with no client error and no wrong block, in one round (``Round.full_hit``). Then rounds go
+on until a round is clean on every node, so the next fault starts from a working cluster.
+
+- ``redis_master_killed``: a Redis master SIGKILLed; rounds go on until its replica is master
+  (``promoted_s``); nothing heals it, so ``recovery_s`` counts from the kill. The killed node then
+  rejoins as a replica, outside the measurement.
+- ``node_partitioned``: the last node's link down for ``during`` rounds, then up; ``recovery_s``:
+  link up to the end of its first round reading another node's blocks whole.
+- ``s3_slow``: S3's link shaped with tbf (both directions) for ``during`` rounds, then cleared;
+  ``recovery_s``: cleared to the first round every node reads whole (reads are served from Redis
+  first, so a slow S3 shows in the puts' write-through, ``round_s``).
+- ``node_lost``: a node's daemon SIGKILLed; the others go on for ``during`` rounds (their
+  ``others_hit_rate_during``), then a fresh daemon; ``recovery_s``: restart to its first whole read.
+- ``daemon_restarted_smaller``: a node's daemon stopped (SIGTERM), one round without it, then
+  started with a smaller cpu tier; ``recovery_s`` as for node_lost, and ``own_blocks_hits``: its blocks of before the restart read
+  back from the shared tiers.
+
+Each fault reports ``wrong_outputs`` (blocks read back with other bytes than written: must be 0),
+``client_errors``, ``requests``, ``unavailable`` (operations not sent: the node's daemon was down),
+``hits``/``asked`` over the whole window, ``round_s`` (the longest round), ``rounds_to_recover``
+(1: the first round after the heal), ``recovered`` (False: no whole read within the limit; then
+``recovery_s`` is None), ``after_heal`` (each round after the heal: its seconds and the watched
+nodes' hits) and ``puts_not_landed`` (puts whose write-through had not landed when the
+put gave up waiting). ``repeated`` runs a fault ``plan.repeats`` times: counts summed, the median
+``recovery_s`` with every run's beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench.cluster.harness import ClusterHarness
+from bench.cluster.rounds import Round, run_round, summed, tag
+
+
+@dataclass
+class Plan:
+    count: int = 16  # blocks per node per round
+    during: int = 2  # rounds with the fault in place
+    max_rounds_after: int = 12  # rounds allowed to recover
+    s3_rate_mbit: float = 20.0
+    smaller_cpu: str = "1MiB"
+    repeats: int = 3  # each fault injected this often; recovery_s is the median
+
+
+class Driver:
+    """Numbers the rounds across faults (every round's tags are fresh)."""
+
+    def __init__(self, h: ClusterHarness, plan: Plan) -> None:
+        self.h, self.plan, self.r = h, plan, 0
+
+    def round(self, **kw: bool) -> Round:
+        self.r += 1
+        return run_round(self.h, self.r, self.plan.count, **kw)
+
+    def run(self, inject: Callable[[], None], heal: Callable[[], None], watched: list[int],
+            during: Callable[[list[Round]], bool] | None = None) -> dict[str, object]:
+        """``during``: keep the fault in place until it returns True for the rounds so far (default:
+        ``plan.during`` rounds)."""
+        rounds: list[Round] = []
+        t_inject = time.monotonic()
+        inject()
+        while True:
+            rounds.append(self.round())
+            if (during(rounds) if during else len(rounds) >= self.plan.during) or len(rounds) >= 30:
+                break
+        n_during = len(rounds)
+        t_heal = time.monotonic()
+        heal()
+        recovered_at: Round | None = None
+        for _ in range(self.plan.max_rounds_after):
+            rounds.append(rnd := self.round())
+            if all(rnd.full_hit(i) for i in watched):
+                recovered_at = rnd
+                break
+        after = len(rounds) - n_during
+        for _ in range(self.plan.max_rounds_after):  # settle: every node clean before the next fault
+            if all(rounds[-1].full_hit(i) for i in range(len(self.h.nodes))):
+                break
+            rounds.append(self.round())
+        total = summed(rounds)
+        return {"wrong_outputs": total["wrong"], "client_errors": total["client_errors"],
+                "recovery_s": round(recovered_at.t_end - t_heal, 3) if recovered_at else None,
+                "recovered": recovered_at is not None, "rounds_to_recover": after if recovered_at else None,
+                "requests": total["requests"], "unavailable": total["unavailable"], "hits": total["hits"],
+                "asked": total["asked"], "rounds_during": n_during, "round_s": max(r.seconds for r in rounds),
+                "inject_to_heal_s": round(t_heal - t_inject, 3),
+                "errors_seen": sorted({e.split(":")[0] for r in rounds for e in r.errors}),
+                "after_heal": [{"s": r.seconds, "watched_hits": [sum(int(a.get("hits", 0)) for _, a in r.gets.get(i, []))
+                                                                 for i in watched]} for r in rounds[n_during:]],
+                "puts_not_landed": sum(int(a.get("pending") or 0) > 0 for r in rounds for a in r.puts.values()),
+                "tiers": {k[5:]: v for k, v in total.items() if k.startswith("tier_")}}
+
+
+def redis_master_killed(d: Driver) -> dict[str, object]:
+    cluster = d.h.redis
+    cluster.wait_replicated()
+    victim = cluster.masters()[0]
+    heir = cluster.replicas_of(victim)[0]
+    t_kill = 0.0
+    promoted_s: list[float] = []
+
+    def kill() -> None:
+        nonlocal t_kill
+        t_kill = time.monotonic()
+        cluster.kill(victim)
+
+    def promoted(_: list[Round]) -> bool:
+        if cluster.roles()[heir] == "master":
+            promoted_s.append(time.monotonic() - t_kill)
+            return True
+        return False
+
+    out = d.run(kill, lambda: None, list(range(len(d.h.nodes))), during=promoted)
+    if out["recovered"]:  # nothing heals a kill: count from it, not from the promotion
+        out["recovery_s"] = round(float(out["recovery_s"]) + float(out["inject_to_heal_s"]), 3)  # type: ignore[arg-type]
+    out["promoted_s"] = round(promoted_s[0], 3) if promoted_s else None
+    cluster.start_node(victim)  # back as the heir's replica, for the faults after this one
+    cluster.wait_ok()
+    cluster.wait_until(lambda: victim in cluster.replicas_of(heir), f"redis node {victim} back as a replica")
+    return out
+
+
+def node_partitioned(d: Driver) -> dict[str, object]:
+    node = len(d.h.nodes) - 1
+    name = d.h.nodes[node]
+    out = d.run(lambda: d.h.topo.link_down(name), lambda: d.h.topo.link_up(name), [node])
+    out["node"] = name
+    return out
+
+
+def s3_slow(d: Driver) -> dict[str, object]:
+    out = d.run(lambda: d.h.topo.set_rate("s3", d.plan.s3_rate_mbit), lambda: d.h.topo.clear_rate("s3"),
+                list(range(len(d.h.nodes))))
+    out["rate_mbit"] = d.plan.s3_rate_mbit
+    return out
+
+
+def node_lost(d: Driver) -> dict[str, object]:
+    node = 1 % len(d.h.nodes)
+    others: list[Round] = []
+
+    def counting_others(rounds: list[Round]) -> bool:
+        others[:] = rounds
+        return len(rounds) >= d.plan.during
+
+    out = d.run(lambda: d.h.kill_node(node), lambda: d.h.start_node(node), [node], during=counting_others)
+    during = summed(others)
+    out["others_hit_rate_during"] = round(during["hits"] / during["asked"], 4) if during["asked"] else None
+    out["node"] = d.h.nodes[node]
+    return out
+
+
+def daemon_restarted_smaller(d: Driver) -> dict[str, object]:
+    node = 0
+    before = d.r  # its last round's blocks: written through before the restart
+
+    out = d.run(lambda: d.h.stop_node(node), lambda: d.h.start_node(node, cpu=d.plan.smaller_cpu), [node],
+                during=lambda rounds: True)  # one round without it
+    worker = d.h.workers[node]
+    assert worker is not None
+    worker.send("get", tag(before, node), d.plan.count)
+    own = worker.receive(30.0)
+    out["own_blocks_hits"], out["own_blocks_wrong"] = own.get("hits"), own.get("wrong")
+    out["wrong_outputs"] = int(out["wrong_outputs"]) + int(own.get("wrong") or 0)  # type: ignore[call-overload]
+    out["cpu"], out["node"] = d.plan.smaller_cpu, d.h.nodes[node]
+    return out
+
+
+SUMMED = ("wrong_outputs", "client_errors", "requests", "unavailable", "hits", "asked", "puts_not_landed")
+
+
+def repeated(fault: Callable[[Driver], dict[str, object]], d: Driver) -> dict[str, object]:
+    """``fault`` run ``plan.repeats`` times: counts summed over the runs, ``recovery_s`` the median
+    (None if any run did not recover), ``recovery_s_runs`` and ``rounds_to_recover`` the worst run's,
+    every run's own figures under ``runs``."""
+    runs = [fault(d) for _ in range(d.plan.repeats)]
+    out: dict[str, object] = {k: sum(int(r[k]) for r in runs) for k in SUMMED}  # type: ignore[call-overload]
+    recovered = all(r["recovered"] for r in runs)
+    secs = [float(r["recovery_s"]) for r in runs if r["recovery_s"] is not None]  # type: ignore[arg-type]
+    out["recovery_s"] = statistics.median(secs) if recovered else None
+    out["recovery_s_runs"] = secs
+    out["recovered"] = recovered
+    out["rounds_to_recover"] = max(int(r["rounds_to_recover"]) for r in runs) if recovered else None  # type: ignore[call-overload]
+    out["round_s"] = max(float(r["round_s"]) for r in runs)  # type: ignore[arg-type]
+    out["runs"] = runs
+    return out
+
+
+FAULTS: dict[str, Callable[[Driver], dict[str, object]]] = {
+    "redis_master_killed": redis_master_killed, "node_partitioned": node_partitioned, "s3_slow": s3_slow,
+    "node_lost": node_lost, "daemon_restarted_smaller": daemon_restarted_smaller}

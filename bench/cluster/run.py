@@ -1,0 +1,90 @@
+"""Past one node, measured (issue #25): ``python -m bench.cluster --out F.json [--quick]``.
+
+Three (or more) nodes as network namespaces, each with a kvstore daemon whose chain is cpu ->
+Redis Cluster (3 masters + 3 replicas, each in its own namespace) -> S3 (SeaweedFS in its own
+namespace), both shared tiers written through, and a client worker beside it
+(bench/cluster/harness.py). Traffic comes in rounds: every node writes fresh blocks, then reads
+another node's (bench/cluster/rounds.py). The JSON:
+
+- ``nodes``: node namespaces.
+- ``cross_node_hit_rate``: over ``warm_rounds`` rounds in which every node reads every other
+  node's blocks of that round, hits / blocks asked; ``cross_node`` has the counts, the tiers that
+  answered, and ``s3_only``: one more round read by a node whose daemon has no Redis tier (cpu ->
+  S3), so S3 alone is shown to serve the other nodes' blocks.
+- ``faults``: bench/cluster/faults.py, each injected ``plan.repeats`` (3) times while every node
+  keeps writing and reading: counts summed over the runs, ``recovery_s`` their median.
+- ``get_latency_by_link``: bench/cluster/link_latency.py (a batch read from S3 under tbf rates and
+  SlowLink round trips). It is not TTFT: no engine runs in this bench.
+- ``meta``: load average before and after, cores, git revision, the plan.
+
+What "wrong" means here: blocks whose bytes differ from what their writer put (each block's bytes
+follow from its key, bench/cluster/node_client.py), counted on every read. Full engine replicas
+per node are out of scope for this piece, so ``wrong_outputs`` counts wrong blocks, not wrong
+completions. ``regret_by_link`` (the connector's load-vs-recompute choice per link) is not
+measured here: it needs an engine's recompute time on each node.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench.cluster.faults import FAULTS, Driver, Plan, repeated
+from bench.cluster.harness import NODE_TIMEOUT_MS, TIER_RETRY_S, ClusterHarness
+from bench.cluster.link_latency import get_latency_by_link
+from bench.cluster.rounds import Round, summed
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _git_revision() -> str:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def cross_node(d: Driver, warm_rounds: int) -> dict[str, object]:
+    rounds: list[Round] = [d.round(read_all_others=True) for _ in range(warm_rounds)]
+    total = summed(rounds)
+    out: dict[str, object] = {"hits": total["hits"], "asked": total["asked"], "wrong": total["wrong"],
+                              "client_errors": total["client_errors"], "rounds": warm_rounds,
+                              "tiers": {k[5:]: v for k, v in total.items() if k.startswith("tier_")},
+                              "round_s": [r.seconds for r in rounds]}
+    reader = len(d.h.nodes) - 1  # S3 alone: a daemon with no Redis tier reads the others' blocks
+    d.h.stop_node(reader)
+    d.h.start_node(reader, redis=False)
+    try:
+        s3 = summed([d.round(read_all_others=True)])
+    finally:
+        d.h.stop_node(reader)
+        d.h.start_node(reader)
+    out["s3_only"] = {"hits": s3["hits"], "asked": s3["asked"], "wrong": s3["wrong"],
+                      "client_errors": s3["client_errors"],
+                      "tiers": {k[5:]: v for k, v in s3.items() if k.startswith("tier_")}}
+    return out
+
+
+def run(quick: bool, nodes: int = 3, faults: list[str] | None = None, latency: bool = True) -> dict[str, object]:
+    meta: dict[str, object] = {"loadavg_before": list(os.getloadavg()), "cpus": os.cpu_count(),
+                               "cores_usable": len(os.sched_getaffinity(0)), "git_revision": _git_revision(),
+                               "quick": quick, "redis_node_timeout_ms": NODE_TIMEOUT_MS,
+                               "daemon_tier_retry_s": TIER_RETRY_S}
+    plan = Plan() if quick else Plan(count=32, during=3)
+    meta["plan"] = vars(plan)
+    t0 = time.monotonic()
+    out: dict[str, object] = {"nodes": nodes}
+    with tempfile.TemporaryDirectory(prefix="tierkv-cluster-") as tmp, ClusterHarness(Path(tmp), nodes=nodes) as h:
+        meta["bring_up_s"] = round(time.monotonic() - t0, 1)
+        d = Driver(h, plan)
+        cn = cross_node(d, warm_rounds=3 if quick else 6)
+        out["cross_node_hit_rate"] = round(cn["hits"] / cn["asked"], 4) if cn["asked"] else None  # type: ignore[operator]
+        out["cross_node"] = cn
+        out["faults"] = {name: repeated(FAULTS[name], d) for name in (faults or list(FAULTS))}
+        if latency:
+            out["get_latency_by_link"] = get_latency_by_link(h, repeats=5 if quick else 9)
+    meta["wall_s"] = round(time.monotonic() - t0, 1)
+    meta["loadavg_after"] = list(os.getloadavg())
+    out["meta"] = meta
+    return out

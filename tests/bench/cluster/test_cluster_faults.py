@@ -1,0 +1,72 @@
+"""The cluster bench end to end, small: 3 nodes (a daemon each, cpu -> Redis Cluster -> S3), a node's
+daemon SIGKILLed and S3's link slowed while every node keeps writing and reading: no wrong block,
+the lost node reads the others' blocks again within 2 rounds of its restart, the others never stop
+hitting. And a bring-up failing half way leaves no namespace behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.cluster import netns
+from bench.cluster.faults import Driver, Plan, node_lost, s3_slow
+from bench.cluster.topology import NamespacesUnavailable
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _skip_without_namespaces() -> None:
+    if (why := netns.unavailable()) is not None:
+        pytest.skip(f"no network namespaces on this machine: {why}")
+
+
+def test_node_lost_and_s3_slow_with_every_node_busy(tmp_path: Path) -> None:
+    from bench.cluster.harness import ClusterHarness
+
+    _skip_without_namespaces()
+    try:
+        h = ClusterHarness(tmp_path, nodes=3)
+    except NamespacesUnavailable as e:
+        pytest.skip(f"no network namespaces on this machine: {e}")
+    with h:
+        d = Driver(h, Plan(count=4, during=1, max_rounds_after=6, s3_rate_mbit=8.0, repeats=1))
+        warm = d.round(read_all_others=True)
+        assert all(warm.full_hit(i) for i in range(3)), warm.gets
+        lost = node_lost(d)
+        assert lost["wrong_outputs"] == 0 and lost["recovered"], lost
+        assert lost["rounds_to_recover"] <= 2 and lost["others_hit_rate_during"] == 1.0, lost  # type: ignore[operator]
+        assert lost["unavailable"] > 0  # the node really was down for a round
+        slow = s3_slow(d)
+        assert slow["wrong_outputs"] == 0 and slow["client_errors"] == 0 and slow["recovered"], slow
+        assert slow["rounds_to_recover"] <= 2, slow  # type: ignore[operator]
+        prefix = h.topo.prefix
+    assert netns.existing(prefix + "-") == []
+
+
+def test_a_bring_up_failing_half_way_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.cluster import harness
+
+    _skip_without_namespaces()
+
+    def s3_refuses(*args: object, **kw: object) -> None:
+        raise RuntimeError("injected: s3 did not start")
+
+    monkeypatch.setattr(harness, "SeaweedS3", s3_refuses)
+    prefix = "tkhf" + os.urandom(2).hex()
+    with pytest.raises(RuntimeError, match="injected"):
+        harness.ClusterHarness(tmp_path, nodes=3, prefix=prefix)
+    assert netns.existing(prefix + "-") == []  # the topology went, and the Redis Cluster with it:
+    assert _running_under(tmp_path) == []  # no redis-server still running in its directory
+
+
+def _running_under(d: Path) -> list[int]:
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(d)):
+                pids.append(int(pid))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return pids
