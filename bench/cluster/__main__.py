@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
 from bench.cluster.faults import FAULTS
 from bench.cluster.run import run
 from bench.cluster.topology import NamespacesUnavailable
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (``timeout``, a CI runner) unwinds like ^C: the harness's ``with`` tears down every
+    namespace and process, which dying on the signal's default action would leave behind."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,14 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
     p.add_argument("--no-latency", action="store_true", help="skip get_latency_by_link")
+    p.add_argument("--prefix", default="", help=argparse.SUPPRESS)  # the namespaces' prefix (tests)
     args = p.parse_args(argv)
     if args.nodes < 3:
         p.error("--nodes: at least 3 (issue #25)")
     faults = [f for f in args.faults.split(",") if f]
     if unknown := set(faults) - set(FAULTS):
         p.error(f"unknown faults {sorted(unknown)}; choose from {list(FAULTS)}")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        res = run(args.quick, nodes=args.nodes, faults=faults, latency=not args.no_latency)
+        res = run(args.quick, nodes=args.nodes, faults=faults, latency=not args.no_latency, prefix=args.prefix)
     except NamespacesUnavailable as e:
         print(f"bench.cluster needs network namespaces: {e}", file=sys.stderr)
         return 2

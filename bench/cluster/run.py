@@ -66,7 +66,8 @@ def cross_node(d: Driver, warm_rounds: int) -> dict[str, object]:
     return out
 
 
-def run(quick: bool, nodes: int = 3, faults: list[str] | None = None, latency: bool = True) -> dict[str, object]:
+def run(quick: bool, nodes: int = 3, faults: list[str] | None = None, latency: bool = True,
+        prefix: str = "") -> dict[str, object]:
     meta: dict[str, object] = {"loadavg_before": list(os.getloadavg()), "cpus": os.cpu_count(),
                                "cores_usable": len(os.sched_getaffinity(0)), "git_revision": _git_revision(),
                                "quick": quick, "redis_node_timeout_ms": NODE_TIMEOUT_MS,
@@ -75,7 +76,7 @@ def run(quick: bool, nodes: int = 3, faults: list[str] | None = None, latency: b
     meta["plan"] = vars(plan)
     t0 = time.monotonic()
     out: dict[str, object] = {"nodes": nodes}
-    with tempfile.TemporaryDirectory(prefix="tierkv-cluster-") as tmp, ClusterHarness(Path(tmp), nodes=nodes) as h:
+    with tempfile.TemporaryDirectory(prefix="tierkv-cluster-") as tmp, ClusterHarness(Path(tmp), nodes=nodes, prefix=prefix) as h:
         meta["bring_up_s"] = round(time.monotonic() - t0, 1)
         d = Driver(h, plan)
         cn = cross_node(d, warm_rounds=3 if quick else 6)

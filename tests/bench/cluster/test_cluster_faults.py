@@ -70,3 +70,53 @@ def _running_under(d: Path) -> list[int]:
         except OSError:
             continue  # gone meanwhile, or not ours to read
     return pids
+
+
+def test_sigterm_mid_run_tears_everything_down() -> None:
+    """``timeout`` or a CI runner stops the bench with SIGTERM: no namespace and no process of the
+    run (found by its namespaces) may outlive it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _skip_without_namespaces()
+    prefix = "tkst" + os.urandom(2).hex()
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cluster", "--quick", "--no-latency", "--faults",
+                             "node_lost", "--prefix", prefix], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    inodes: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while len(inodes) < 11 and time.monotonic() < deadline:  # bridge + 3 nodes + 6 redis + s3
+            for ns in netns.existing(prefix + "-"):
+                try:
+                    inodes.add(os.stat(f"{netns.NETNS_DIR}/{ns}").st_ino)
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        assert len(inodes) == 11, f"the run never built its namespaces ({proc.poll()})"
+        node2 = os.stat(f"{netns.NETNS_DIR}/{prefix}-node2").st_ino
+        while not _in_namespaces({node2}, b"node_worker") and time.monotonic() < deadline + 60:
+            time.sleep(0.2)  # mid-run: the last node's worker is up, its faults under way
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert netns.existing(prefix + "-") == []
+    assert _in_namespaces(inodes) == []
+
+
+def _in_namespaces(inodes: set[int], needle: bytes = b"") -> list[bytes]:
+    """Command lines of the processes living in those network namespaces (containing ``needle``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino in inodes:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if needle in cmdline:
+                    found.append(cmdline[:120])
+        except OSError:
+            continue  # gone meanwhile
+    return found
