@@ -89,6 +89,19 @@ BENCHES: dict[str, list[Figure]] = {
               Figure("targets.cpu_max_qps_vs_radix.value", 2.0), Figure("targets.cpu_ttft_mean_vs_radix.value", 1 / 3, "<="),
               Figure("targets.cpu_itl_p99_vs_radix.value", 1.2, "<="), Figure("modes.radix.itl_gaps", 1000),
               Figure("modes.daemon_cpu.itl_gaps", 1000)],
+    # #25: past one node (bench/cluster/): every fault injected while every node writes and reads;
+    # wrong_outputs are blocks read back with other bytes; the recovery bar: cross-node hits
+    # back within 2 rounds of the heal (recovery_s, its median over the repeats, is reported)
+    "cluster": [Figure("nodes", 3), Figure("cross_node_hit_rate", 0.9), Figure("cross_node.wrong", 0, "=="),
+                Figure("cross_node.s3_only.hits", None),
+                *(f for name in ("redis_master_killed", "node_partitioned", "s3_slow", "node_lost",
+                                 "daemon_restarted_smaller")
+                  for f in (Figure(f"faults.{name}.wrong_outputs", 0, "=="),
+                            Figure(f"faults.{name}.client_errors", None),
+                            Figure(f"faults.{name}.rounds_to_recover", 2, "<="),
+                            Figure(f"faults.{name}.recovery_s", None))),
+                Figure("get_latency_by_link.s3.tbf_100mbit.s", None), Figure("get_latency_by_link.s3.rtt_20ms.s", None),
+                Figure("get_latency_by_link.redis.tbf_100mbit.s", None)],
     "vllm": [*(Figure(f"targets.{w}.{f}", t, b) for w in ("chat", "shared_prefix") for f, t, b in (
         ("working_set_over_pool.value", 4.0, ">="), ("tierkv_cpu.ttft_mean_vs_ideal.value", 1.25, "<="),
         ("tierkv_cpu.ttft_mean_speedup_over_vllm", None, ">="), ("tierkv_cpu.itl_p99_vs_vllm.value", 1.2, "<="),

@@ -23,10 +23,11 @@ Each fault reports ``wrong_outputs`` (blocks read back with other bytes than wri
 ``client_errors``, ``requests``, ``unavailable`` (operations not sent: the node's daemon was down),
 ``hits``/``asked`` over the whole window, ``round_s`` (the longest round), ``rounds_to_recover``
 (1: the first round after the heal), ``recovered`` (False: no whole read within the limit; then
-``recovery_s`` is None), ``after_heal`` (each round after the heal: its seconds and the watched
-nodes' hits) and ``puts_not_landed`` (puts whose write-through had not landed when the
-put gave up waiting). ``repeated`` runs a fault ``plan.repeats`` times: counts summed, the median
-``recovery_s`` with every run's beside it.
+``recovery_s`` is None), ``during_s`` (each round's seconds with the fault in place),
+``after_heal`` (each round after the heal: its seconds and the watched nodes' hits) and
+``puts_not_landed`` (puts whose write-through had not landed when the put gave up waiting).
+``repeated`` runs a fault ``plan.repeats`` times: counts summed, the median ``recovery_s`` with
+every run's beside it.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class Driver:
                 "asked": total["asked"], "rounds_during": n_during, "round_s": max(r.seconds for r in rounds),
                 "inject_to_heal_s": round(t_heal - t_inject, 3),
                 "errors_seen": sorted({e.split(":")[0] for r in rounds for e in r.errors}),
+                "during_s": [r.seconds for r in rounds[:n_during]],
                 "after_heal": [{"s": r.seconds, "watched_hits": [sum(int(a.get("hits", 0)) for _, a in r.gets.get(i, []))
                                                                  for i in watched]} for r in rounds[n_during:]],
                 "puts_not_landed": sum(int(a.get("pending") or 0) > 0 for r in rounds for a in r.puts.values()),

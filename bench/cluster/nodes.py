@@ -6,8 +6,9 @@ Cluster as its shared tier (``--redis URL --redis-cluster``): its traffic to Red
 link, so the topology's faults (``link_down``, ``set_rate``) are the daemon's. It listens on the
 node's loopback; ``client(op, ...)`` runs bench/cluster/node_client.py in the same namespace and
 returns its JSON. ``kill()`` SIGKILLs the daemon; ``env`` is set over ours (S3 keys); ``redis_url``
-"" gives it no Redis tier (its flags name the others). Each daemon gets its own shared-memory socket path (ports repeat across
-namespaces, so the default ``shm-PORT.sock`` in the shared runtime directory could clash).
+"" gives it no Redis tier (its flags name the others). Each daemon gets its own shared-memory
+socket path (ports repeat across namespaces, so the default ``shm-PORT.sock`` in the shared
+runtime directory could clash).
 ``lookups(count)`` keeps one such client running: ``ask(tag)`` times one lookup request.
 """
 

@@ -13,8 +13,9 @@ another node's (bench/cluster/rounds.py). The JSON:
   S3), so S3 alone is shown to serve the other nodes' blocks.
 - ``faults``: bench/cluster/faults.py, each injected ``plan.repeats`` (3) times while every node
   keeps writing and reading: counts summed over the runs, ``recovery_s`` their median.
-- ``get_latency_by_link``: bench/cluster/link_latency.py (a batch read from S3 under tbf rates and
-  SlowLink round trips). It is not TTFT: no engine runs in this bench.
+- ``get_latency_by_link``: bench/cluster/link_latency.py (a batch read from S3 and from Redis
+  Cluster under tbf rates, and from S3 under SlowLink round trips). It is not TTFT: no engine runs
+  in this bench.
 - ``meta``: load average before and after, cores, git revision, the plan.
 
 What "wrong" means here: blocks whose bytes differ from what their writer put (each block's bytes
