@@ -6,7 +6,9 @@ whole, with no client error and no wrong block, in one round (``Round.full_hit``
 on until a round is clean on every node, so the next fault starts from a working cluster.
 
 - ``redis_master_killed``: a Redis master SIGKILLed; rounds go on until its replica is master
-  (``promoted_s``); nothing heals it, so ``recovery_s`` counts from the kill. The killed node then
+  (``promoted_s``); nothing heals it, so ``recovery_s`` counts from the kill. The daemons detach
+  the Redis tier when its calls fail and read from S3 meanwhile, so rounds then go on until Redis
+  answers every read again: ``redis_serving_again_s`` (from the kill). The killed node then
   rejoins as a replica, outside the measurement.
 - ``node_partitioned``: the last node's link down for ``during`` rounds, then up; ``recovery_s``:
   link up to the end of its first round reading another node's blocks whole.
@@ -124,10 +126,28 @@ def redis_master_killed(d: Driver) -> dict[str, object]:
     if out["recovered"]:  # nothing heals a kill: count from it, not from the promotion
         out["recovery_s"] = round(float(out["recovery_s"]) + float(out["inject_to_heal_s"]), 3)  # type: ignore[arg-type]
     out["promoted_s"] = round(promoted_s[0], 3) if promoted_s else None
+    out["redis_serving_again_s"] = _until_redis_serves(d, t_kill, out)
     cluster.start_node(victim)  # back as the heir's replica, for the faults after this one
     cluster.wait_ok()
     cluster.wait_until(lambda: victim in cluster.replicas_of(heir), f"redis node {victim} back as a replica")
     return out
+
+
+def _until_redis_serves(d: Driver, t_kill: float, out: dict[str, object], limit_s: float = 30.0) -> float | None:
+    """Rounds until Redis (not S3) answers every cross-node read again, whole: the seconds from the
+    kill (None: not within ``limit_s``). The daemons detach the whole Redis tier once its calls fail
+    (kvstore/store/breaker.py), so meanwhile S3 answers; these rounds' counts are added to ``out``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        rnd = d.round()
+        t = rnd.tally()
+        for k, key in (("wrong_outputs", "wrong"), ("client_errors", "client_errors"), ("requests", "requests"),
+                       ("hits", "hits"), ("asked", "asked")):
+            out[k] = int(out[k]) + t[key]  # type: ignore[call-overload]
+        if t["asked"] and t["tier_redis"] == t["asked"] and all(rnd.full_hit(i) for i in range(len(d.h.nodes))):
+            return round(rnd.t_end - t_kill, 3)
+        time.sleep(0.2)
+    return None
 
 
 def node_partitioned(d: Driver) -> dict[str, object]:
@@ -176,6 +196,9 @@ def daemon_restarted_smaller(d: Driver) -> dict[str, object]:
     return out
 
 
+EXTRAS: dict[str, Callable[[list[object]], object]] = {  # times: the median; shares and counts: the worst
+    "promoted_s": statistics.median, "redis_serving_again_s": statistics.median,
+    "others_hit_rate_during": min, "own_blocks_hits": min}
 SUMMED = ("wrong_outputs", "client_errors", "requests", "unavailable", "hits", "asked", "puts_not_landed")
 
 
@@ -192,6 +215,11 @@ def repeated(fault: Callable[[Driver], dict[str, object]], d: Driver) -> dict[st
     out["recovered"] = recovered
     out["rounds_to_recover"] = max(int(r["rounds_to_recover"]) for r in runs) if recovered else None  # type: ignore[call-overload]
     out["round_s"] = max(float(r["round_s"]) for r in runs)  # type: ignore[arg-type]
+    for key, pick in EXTRAS.items():  # a fault's own figures: over the runs, beside every run's
+        if key in runs[0]:
+            vals = [r[key] for r in runs]
+            out[key] = pick(vals) if None not in vals else None  # type: ignore[arg-type]
+            out[f"{key}_runs"] = vals
     out["runs"] = runs
     return out
 

@@ -57,6 +57,14 @@ def test_repeated_faults_sum_counts_and_take_the_median() -> None:
     assert out["recovery_s"] == 2.0 and out["recovery_s_runs"] == [3.0, 1.0, 2.0] and out["rounds_to_recover"] == 2
     assert out["round_s"] == 0.9 and len(out["runs"]) == 3  # type: ignore[arg-type]
 
+    lost = iter([{"others_hit_rate_during": 1.0, "promoted_s": 3.0}, {"others_hit_rate_during": 0.5, "promoted_s": 1.0},
+                 {"others_hit_rate_during": 1.0, "promoted_s": None}])
+    base = {"wrong_outputs": 0, "client_errors": 0, "requests": 1, "unavailable": 0, "hits": 1, "asked": 1,
+            "puts_not_landed": 0, "recovery_s": 1.0, "recovered": True, "rounds_to_recover": 1, "round_s": 1.0}
+    out = repeated(lambda _: {**base, **next(lost)}, d)
+    assert out["others_hit_rate_during"] == 0.5  # the worst run's share, never the best
+    assert out["promoted_s"] is None and out["promoted_s_runs"] == [3.0, 1.0, None]  # one run never promoted
+
     never = {"wrong_outputs": 0, "client_errors": 0, "requests": 1, "unavailable": 0, "hits": 0, "asked": 1,
              "puts_not_landed": 0, "recovery_s": None, "recovered": False, "rounds_to_recover": None, "round_s": 1.0}
     out = repeated(lambda _: dict(never), Driver(None, Plan(repeats=2)))  # type: ignore[arg-type]
