@@ -122,3 +122,13 @@ def test_a_bench_run_by_hand_is_shown_with_its_own_load(tmp_path) -> None:
     assert got["soak"]["machine_before"]["git_revision"] == "b" * 40
     assert got["e2e"]["machine_before"]["loadavg"] == [0.1]
     assert "5.9 → 8.7" in summary_markdown(got)
+
+
+def test_every_cluster_figure_is_in_its_committed_quick_result() -> None:
+    """A renamed field in bench.cluster's JSON would show as 'missing' in make bench's table: the
+    committed quick result must hold every figure the cluster entry names."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bench/results/cluster_quick.json").read_text())
+    assert [f.path for f in BENCHES["cluster"] if lookup(doc, f.path) is None] == []
