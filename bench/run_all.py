@@ -102,6 +102,7 @@ BENCHES: dict[str, list[Figure]] = {
                             Figure(f"faults.{name}.recovery_s", None))),
                 Figure("faults.redis_master_killed.redis_serving_again_s", None),
                 Figure("faults.node_lost.others_hit_rate_during", 0.9),
+                Figure("faults.node_partitioned.cut_puts_shared_after", None),
                 Figure("get_latency_by_link.s3.tbf_100mbit.s", None), Figure("get_latency_by_link.s3.rtt_20ms.s", None),
                 Figure("get_latency_by_link.redis.tbf_100mbit.s", None)],
     "vllm": [*(Figure(f"targets.{w}.{f}", t, b) for w in ("chat", "shared_prefix") for f, t, b in (

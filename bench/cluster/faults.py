@@ -11,7 +11,9 @@ on until a round is clean on every node, so the next fault starts from a working
   answers every read again: ``redis_serving_again_s`` (from the kill). The killed node then
   rejoins as a replica, outside the measurement.
 - ``node_partitioned``: the last node's link down for ``during`` rounds, then up; ``recovery_s``:
-  link up to the end of its first round reading another node's blocks whole.
+  link up to the end of its first round reading another node's blocks whole;
+  ``cut_puts_shared_after``: the share of the blocks it put while cut off that another node finds
+  once it is back.
 - ``s3_slow``: S3's link shaped with tbf (both directions) for ``during`` rounds, then cleared;
   ``recovery_s``: cleared to the first round every node reads whole (reads are served from Redis
   first, so a slow S3 shows in the puts' write-through, ``round_s``).
@@ -153,9 +155,28 @@ def _until_redis_serves(d: Driver, t_kill: float, out: dict[str, object], limit_
 def node_partitioned(d: Driver) -> dict[str, object]:
     node = len(d.h.nodes) - 1
     name = d.h.nodes[node]
+    first = d.r + 1
     out = d.run(lambda: d.h.topo.link_down(name), lambda: d.h.topo.link_up(name), [node])
     out["node"] = name
+    out["cut_puts_shared_after"] = _shared_later(d, node, range(first, first + int(out["rounds_during"])))  # type: ignore[call-overload]
     return out
+
+
+def _shared_later(d: Driver, node: int, rounds: range) -> float | None:
+    """The share of the blocks ``node`` put (and was answered for) in ``rounds`` that another node
+    finds in the shared tiers now: a put acknowledged while the node was cut off lands in its own
+    cpu tier, and its write-through to the shared tiers is skipped, not replayed after the heal
+    (such a block can only reach them later, as a victim the cpu tier spills down)."""
+    reader = d.h.workers[(node + 1) % len(d.h.nodes)]
+    if reader is None or not rounds:
+        return None
+    hits = asked = 0
+    for r in rounds:
+        reader.send("get", tag(r, node), d.plan.count)
+        got = reader.receive(30.0)
+        if "error" not in got:
+            hits, asked = hits + int(got.get("hits", 0)), asked + d.plan.count  # type: ignore[call-overload]
+    return round(hits / asked, 4) if asked else None
 
 
 def s3_slow(d: Driver) -> dict[str, object]:
@@ -198,7 +219,7 @@ def daemon_restarted_smaller(d: Driver) -> dict[str, object]:
 
 EXTRAS: dict[str, Callable[[list[object]], object]] = {  # times: the median; shares and counts: the worst
     "promoted_s": statistics.median, "redis_serving_again_s": statistics.median,
-    "others_hit_rate_during": min, "own_blocks_hits": min}
+    "others_hit_rate_during": min, "own_blocks_hits": min, "cut_puts_shared_after": min}
 SUMMED = ("wrong_outputs", "client_errors", "requests", "unavailable", "hits", "asked", "puts_not_landed")
 
 
