@@ -189,7 +189,7 @@ def real_runs(quick: bool, work: Path, log=print) -> dict[str, Any]:
         log(f"{label} ({c} B): predicted {predicted[label]:.3f}, measured {run['share']:.3f}; {_public(run)}")
     demand_tokens = traced["demands"] * 16
     scale = demand_tokens / traced["prompt_tokens"] if traced["prompt_tokens"] else 0.0
-    out = compare(predicted, measured, sizes, scale)
+    out = compare(predicted, measured, sizes, scale, naive=traced["share"])
     out["real"] = {
         "spec": asdict(spec),
         "target": target,

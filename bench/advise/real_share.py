@@ -46,10 +46,12 @@ def token_share(tokens: Mapping[str, int], tier: str, prompt_tokens: int) -> flo
 
 
 def compare(predicted: Mapping[str, float], measured: Mapping[str, dict[str, Any]], sizes: Mapping[str, int],
-            tokens_per_demand_share: float) -> dict[str, Any]:  # fmt: skip
+            tokens_per_demand_share: float, naive: float | None = None) -> dict[str, Any]:  # fmt: skip
     """``real_runs`` and ``real_max_abs_error`` from the advisor's hit ratio per size label and each
     re-run's measurement (``hits``, ``demands``, ``token_share``); ``tokens_per_demand_share``: the
-    traced run's demand tokens / prompt tokens (the scale of the token prediction)."""
+    traced run's demand tokens / prompt tokens (the scale of the token prediction). ``naive``: one
+    hit ratio predicted at every size (the traced one: a model that ignores the size), whose error
+    shows that the figure can fail."""
     runs: dict[str, dict[str, Any]] = {}
     for label, p in predicted.items():
         m = measured[label]
@@ -61,5 +63,8 @@ def compare(predicted: Mapping[str, float], measured: Mapping[str, dict[str, Any
                        "token_abs_error": round(abs(p_tok - m["token_share"]), 4)}  # fmt: skip
     errs = [r["abs_error"] for r in runs.values()]
     tok = [r["token_abs_error"] for r in runs.values()]
-    return {"real_runs": runs, "real_max_abs_error": max(errs) if errs else None,
-            "real_token_max_abs_error": max(tok) if tok else None}  # fmt: skip
+    out = {"real_runs": runs, "real_max_abs_error": max(errs) if errs else None,
+           "real_token_max_abs_error": max(tok) if tok else None}  # fmt: skip
+    if naive is not None and runs:
+        out["real_naive_max_abs_error"] = round(max(abs(naive - r["measured_share"]) for r in runs.values()), 4)
+    return out
