@@ -13,7 +13,10 @@
    S and 2S.
 3. The same requests again (fresh daemon with a cpu tier of that size, fresh engines) at each
    size, traced too: the hit ratio measured the advisor's way (bench/advise/real_share.py), the
-   daemon's own counters, and the engines' prompt tokens by source.
+   daemon's own counters, and the engines' prompt tokens by source. ``own_curve_share``: the curve
+   of that re-run's own trace at its size, which splits the error in two: predicted - own is the
+   engines sending the daemon a different stream at that size, own - measured the store not being
+   the LRU the advisor models.
 
 The requests are sent one at a time and each assistant turn is replaced in the history by a fixed
 text, so every run sends the same prompts whatever the model answers; what can still differ is
@@ -117,6 +120,7 @@ def run_once(spec: RealSpec, reqs: list[tuple[int, list[dict[str, str]]]], cpu_b
     import httpx
 
     from kvstore.client.client import KVStoreClient
+    from kvstore.ops.mrc import lru_curve, references
     from kvstore.ops.trace import read_trace
 
     work.mkdir(parents=True, exist_ok=True)
@@ -145,11 +149,14 @@ def run_once(spec: RealSpec, reqs: list[tuple[int, list[dict[str, str]]]], cpu_b
     if errors:
         raise RuntimeError(f"{label}: {len(errors)} requests failed, e.g. {errors[0]}")
     hits, demands = trace_hits(trace)
+    # the curve of this run's own trace at its own size: equal to ``share`` when the store is the LRU the
+    # advisor models; its gap to the traced run's curve is what the engines sent differently at this size
+    own = float(lru_curve(references(trace)).hit_ratio(cpu_bytes))
     tokens = tokens_by_source(records)
     prompt = sum(r.prompt_tokens for r in records)
     top = stats.tiers[0]
     return {"label": label, "cpu_bytes": cpu_bytes, "trace": trace, "hits": hits, "demands": demands,
-            "share": round(share(hits, demands), 4), "records": n, "overwritten": overwritten,
+            "share": round(share(hits, demands), 4), "own_curve_share": round(own, 4), "records": n, "overwritten": overwritten,
             "prompt_tokens": prompt, "tokens_by_source": tokens, "token_share": token_share(tokens, TIER, prompt),
             "daemon_tier_hits": int(top.hits), "daemon_used_bytes": int(top.used_bytes),
             "traffic_s": round(traffic_s, 1), "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
