@@ -8,7 +8,12 @@ recorder on, runs the advisor on that trace file, and replays again at several o
   recommendation_hit_rate_error   the largest |hit ratio promised for the recommended size -
                                   replay's at that size| (cpu sized alone; disk under the traced cpu)
 Targets: <= 0.02 both. Beside them, the gap of two naive models of the chain (one LRU of
-cpu + disk bytes, or of the larger tier), to show the metric can fail. ``--quick``: 3 sizes (< 2 min).
+cpu + disk bytes, or of the larger tier), to show the metric can fail. Those replays use the
+advisor's own model of the client, so they check the curves' arithmetic, not the prediction:
+  real_runs, real_max_abs_error   the advisor on a trace of real engines and a real daemon, against
+                                  re-runs at the recommended size, half and double it
+                                  (bench/advise/real.py; ``--no-real`` skips them)
+``--quick``: 3 sizes per synthetic chain, a smaller real workload (~6 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -92,7 +97,8 @@ def run_trace(w: Workload, fractions: Sequence[float], target_share: float = 0.9
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.advise", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="where to write the JSON results")
-    ap.add_argument("--quick", action="store_true", help="three sizes per chain (< 2 min)")
+    ap.add_argument("--quick", action="store_true", help="three sizes per chain, a smaller real workload")
+    ap.add_argument("--no-real", action="store_true", help="skip the runs of real engines and daemon")
     args = ap.parse_args(argv)
     fractions = (0.15, 0.4, 0.8) if args.quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2)
     from bench.e2e.support import git_revision  # (imports torch: kept out of the figures' import)
@@ -102,9 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     traces = []
     for w in all_workloads():
         traces.append(run_trace(w, fractions))
+    real: dict[str, Any] = {}
+    if not args.no_real:
+        from bench.advise.real import real_runs
+
+        with tempfile.TemporaryDirectory(prefix="tierkv-advise-real-") as tmp:
+            real = real_runs(args.quick, Path(tmp), log=lambda m: print(m, flush=True))
     machine["loadavg_end"] = list(os.getloadavg())
-    out = figures(traces) | {"seconds": round(time.perf_counter() - t0, 1), "quick": args.quick, "machine": machine,
+    out = figures(traces) | real | {"seconds": round(time.perf_counter() - t0, 1), "quick": args.quick, "machine": machine,
                              "per_trace": traces}  # fmt: skip
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(json.dumps({k: v for k, v in out.items() if k != "per_trace"}))
+    print(json.dumps({k: v for k, v in out.items() if k not in ("per_trace", "real")}))
     return 0
