@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=14, help="vLLM's KV pool in 128-token blocks (ideal: 400)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--workloads", default="chat,shared_prefix")
+    ap.add_argument("--users", type=int, default=ChatSpec.users, help="chat: users sharing the system prompt")
+    ap.add_argument("--prefixes", type=int, default=PrefixSpec.prefixes, help="shared_prefix: documents")
     ap.add_argument("--settle", type=float, default=5.0)
     ap.add_argument("--keep", default="", help="keep every mode's logs under this directory")
     a = ap.parse_args(argv)
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.model_loader import hf_model_dir
 
     tok = AutoTokenizer.from_pretrained(hf_model_dir())
-    specs = {"chat": ChatSpec(), "shared_prefix": PrefixSpec()}
+    specs = {"chat": ChatSpec(users=a.users), "shared_prefix": PrefixSpec(prefixes=a.prefixes)}
     makers = {"chat": chat_requests, "shared_prefix": prefix_requests}
     pool = a.blocks * BLOCK
     plan: dict[str, tuple[Any, list[list]]] = {}
