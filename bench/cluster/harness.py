@@ -89,20 +89,18 @@ class ClusterHarness:
 
     def kill_node(self, i: int) -> None:
         """SIGKILL node ``i``'s daemon (nothing is flushed) and end its worker."""
-        if (w := self.workers[i]) is not None:
-            w.close()
-            self.workers[i] = None
-        if (d := self.daemons[i]) is not None:
-            d.kill()
-            self.daemons[i] = None
+        self._end_node(i, kill=True)
 
     def stop_node(self, i: int) -> None:
         """Stop node ``i``'s daemon politely (SIGTERM) and its worker."""
+        self._end_node(i, kill=False)
+
+    def _end_node(self, i: int, kill: bool) -> None:
         if (w := self.workers[i]) is not None:
             w.close()
             self.workers[i] = None
         if (d := self.daemons[i]) is not None:
-            d.stop()
+            d.kill() if kill else d.stop()
             self.daemons[i] = None
 
     def _stop_nodes(self) -> None:
