@@ -4,8 +4,9 @@
 
 Modes, all up at once and taking turns point by point (load from elsewhere falls on each alike;
 the order rotates every run):
-- ``vllm``: vLLM's CPU build with its own prefix cache, a pool of ``--blocks`` (14 = 1,792 tokens:
-  about three requests at once, a quarter or less of the working set);
+- ``vllm``: vLLM's CPU build with its own prefix cache, a pool of ``--blocks`` (24 = 3,072 tokens:
+  about five requests at once, the ones a 1 req/s load brings together; under a quarter of the
+  working set — why this size: bench/vllm/workload.py);
 - ``ideal``: the same vLLM with a pool that holds every run's whole working set (400 blocks): the
   limit any offload can reach;
 - ``tierkv_cpu`` / ``tierkv_disk``: vLLM + TierKVConnector and a daemon whose one tier is cpu / disk
@@ -267,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="60 s per point instead of 120")
     ap.add_argument("--duration", type=float, default=None, help="seconds of arrivals per point")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--qps", type=float, default=0.5)
-    ap.add_argument("--blocks", type=int, default=14, help="vLLM's KV pool in 128-token blocks (ideal: 400)")
+    ap.add_argument("--qps", type=float, default=1.0)
+    ap.add_argument("--blocks", type=int, default=24, help="vLLM's KV pool in 128-token blocks (ideal: 400)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--workloads", default="chat,shared_prefix")
     ap.add_argument("--users", type=int, default=ChatSpec.users, help="chat: users sharing the system prompt")

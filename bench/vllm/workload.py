@@ -37,16 +37,19 @@ class Request:
     at_s: float  # arrival, seconds after the run's first send
 
 
-# The sizes keep three requests' blocks inside vLLM's 14-block pool at once (chat: ~6 blocks each, 2
-# of them the shared system prompt; shared-prefix: 5), as in LMCache's multi-round QA setting the
-# issue measured (300-token system prompt and history; 11 blocks held two requests). Measured here:
-# with 8-block requests in a 12-block pool, one request fills it, vLLM runs them one at a time, and
-# TTFT is queueing for room in the pool, which no offload removes (ideal's 400 blocks run them all
-# together): tierkv_cpu was 1.75x / 3.3x the ideal's mean TTFT. The working set is still >= 4x the
-# pool, from more users and documents.
+# The pool and the load are set so the pool holds the requests that arrive together and no more,
+# and the working set is still >= 4x the pool, measured: a 24-block pool (3,072 tokens, about five
+# 6-block chat requests at once) at 1 req/s, with 36 users / 36 documents. Why not smaller: with a
+# 14-block pool at 0.5 req/s (about two requests at once) the measured TTFT gap between any offload
+# and the ideal (400 blocks) was queueing for room in the pool, equal for vLLM with and without
+# tierkv (bench/results/vllm_quick.json at 3d3c84f: queue 0.084 s vs 0.081 s vs the ideal's 0; the
+# prefill with tierkv equal to the ideal's); with 8-block requests in a 12-block pool, one request at
+# a time, tierkv_cpu was 1.75x / 3.3x the ideal's mean TTFT for the same reason. No offload removes
+# queueing for pool room, so that setting measures the pool size, not the connector. The sizes are
+# LMCache's multi-round QA shape the issue measured (300-token system prompt and history).
 @dataclass(frozen=True)
 class ChatSpec:
-    users: int = 20
+    users: int = 36
     system_tokens: int = 300
     history_tokens: int = 300
     question_tokens: int = 30
@@ -55,7 +58,7 @@ class ChatSpec:
 
 @dataclass(frozen=True)
 class PrefixSpec:
-    prefixes: int = 20
+    prefixes: int = 36
     prefix_tokens: int = 500
     question_tokens: int = 30
     answer_tokens: int = 24
