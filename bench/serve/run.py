@@ -63,10 +63,10 @@ class Preset:
 
 
 QA = QASpec(system_tokens=128, context_tokens=640, question_tokens=24, answer_tokens=32, max_turns=4)
-QUICK = Preset(QA, 192, (4.0,), PointPlan((0.5, 1, 2, 4), 1, 10.0, 60.0, 15.0, 3.0, 8.0), 3, ("radix", "daemon_cpu"),
+QUICK = Preset(QA, 192, (4.0,), PointPlan((0.125, 0.25, 0.5, 1, 2, 4), 1, 10.0, 60.0, 15.0, 3.0, 8.0), 3, ("radix", "daemon_cpu"),
                None, ())
 FULL = Preset(replace(QA, context_tokens=960), 256, (1.0, 2.0, 4.0),
-              PointPlan((0.25, 0.5, 1, 2, 4, 8), 3, 30.0, 120.0, 30.0, 2.0, 60.0), 3, MODES,
+              PointPlan((0.125, 0.25, 0.5, 1, 2, 4, 8), 3, 30.0, 120.0, 30.0, 2.0, 60.0), 3, MODES,
               RAGSpec(docs=12, doc_tokens=384, requests=24), MODES, wt_cost_at=1.0)
 
 
