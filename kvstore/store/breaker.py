@@ -1,9 +1,9 @@
-"""Circuit breaker per tier, and the one background thread that probes detached tiers.
+"""Circuit breaker per tier, and the background threads that probe detached tiers.
 
 Why: a tier whose server is down (or hung) must not cost every request a timeout. After
 ``failures`` consecutive errors a tier is *detached*: the store skips it (reads miss there and
 fall through, writes meant for it are skipped and counted), and no request waits on it any
-more. A background thread then probes it (``Tier.probe``: PING, HEAD bucket) after
+more. A background thread of its own then probes it (``Tier.probe``: PING, HEAD bucket) after
 ``probe_s``, doubling the wait up to ``probe_max_s`` while it keeps failing, and *attaches* it
 again on the first answer. A tier that cannot be reached when the store starts begins detached,
 so the daemon starts degraded instead of crash-looping while S3 or Redis is down.
@@ -15,7 +15,7 @@ which moves the next probe to ``demand_s`` after the last one ended, never soone
 prober is woken. So a down server gets at most one probe per ``demand_s`` however busy the store
 (the backoff still spaces the probes of a tier nobody asks for), a healed one is attached within
 about ``demand_s`` of the next request that wants it, and no request ever waits on a probe: it
-runs on the prober's thread. When a tier is attached the prober hands its replay backlog (the
+runs on the tier's prober thread. When a tier is attached the prober hands its replay backlog (the
 keys whose writes it skipped, kvstore/store/replay.py) to ``on_attach``.
 
 Two rules detach a tier: ``failures`` errors in a row (a server that is down), or an error rate:
@@ -26,7 +26,8 @@ single timeout on a busy network detaches nothing; a refusal for lack of room (T
 a failure at all (Level.fail).
 
 The breaker holds state only; the store's lock guards it (like the rest of a Level). The prober
-calls the tier outside that lock, so a probe of a hung server blocks nobody but the prober.
+calls the tier outside that lock, on a thread per tier, so a probe of a hung server blocks nobody
+but that tier's prober thread.
 """
 
 from __future__ import annotations
@@ -146,7 +147,9 @@ class Breaker:
 
 
 class Prober:
-    """Probes detached levels in one daemon thread, started on the first detach.
+    """Probes detached levels, each on a daemon thread of its own started on its first detach, so a
+    probe that hangs on one tier (a cut S3 link costs its connect timeout, retried) never delays
+    the probe of another that answers again.
 
     ``on_attach(i, keys)``: called under the store lock as level ``i`` is attached, with the keys
     of its replay backlog; it must not wait (the TieredStore points it at the spill worker's
@@ -156,46 +159,49 @@ class Prober:
         self._levels, self._lock = levels, lock
         self.on_attach: Callable[[int, list[bytes]], None] | None = None
         self._cv = threading.Condition()  # its own lock: wake() is called under the store lock
-        self._woken = False
+        self._woken = [False] * len(levels)
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._threads: dict[int, threading.Thread] = {}
 
     def wake(self) -> None:
-        """A level was detached, or a probe brought forward: (start and) wake the thread to
-        schedule its probes."""
+        """A level was detached, or a probe brought forward: (start and) wake the threads to
+        schedule their probes."""
         with self._cv:
             if self._closed:
                 return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tierkv-probe", daemon=True)
-                self._thread.start()
-            self._woken = True
-            self._cv.notify()
+            for i, lv in enumerate(self._levels):
+                if i not in self._threads and not lv.available():
+                    self._threads[i] = threading.Thread(target=self._run, args=(i, lv), daemon=True,
+                                                        name=f"tierkv-probe-{lv.name}")
+                    self._threads[i].start()
+            self._woken = [True] * len(self._levels)
+            self._cv.notify_all()
 
     def close(self, timeout_s: float = 15.0) -> None:
-        """Stop probing; waits for a probe in flight (bounded by the tier's own timeouts)."""
+        """Stop probing; waits for the probes in flight (bounded by the tiers' own timeouts)."""
         with self._cv:
             self._closed = True
-            self._cv.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
+            self._cv.notify_all()
+            threads = list(self._threads.values())
+        deadline = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
+    def _run(self, i: int, lv: Level) -> None:
+        """Level ``i``'s thread: probe it whenever it is detached and its probe is due."""
         while True:
             with self._lock:
-                now = time.monotonic()
-                detached = [(i, lv) for i, lv in enumerate(self._levels) if not lv.available()]
-                due = [(i, lv) for i, lv in detached if lv.breaker.next_probe <= now]
-                wait = min((lv.breaker.next_probe - now for _, lv in detached), default=None)
-            for i, lv in due:
-                self._probe(i, lv)
+                wait = None if lv.available() else lv.breaker.next_probe - time.monotonic()
             with self._cv:
                 if self._closed:
                     return
-                if not due and not self._woken:
-                    self._cv.wait(wait)
-                self._woken = False
+                if wait is None or wait > 0:
+                    if not self._woken[i]:
+                        self._cv.wait(wait)
+                    self._woken[i] = False
+                    continue  # woken (a probe brought forward, a detach), or the wait is over: look again
+                self._woken[i] = False
+            self._probe(i, lv)
 
     def _probe(self, i: int, lv: Level) -> None:
         try:

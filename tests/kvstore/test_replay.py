@@ -239,3 +239,33 @@ def test_the_backlog_bound_is_configured_and_checked(down_redis: RedisServer) ->
     for bad in (-1, 16 * 1024**2 + 1):
         with pytest.raises(ConfigError, match="replay_backlog_keys must be in 0..16777216"):
             StoreConfig(tiers=(TierConfig("cpu", 1 << 20),), replay_backlog_keys=bad)
+
+
+def test_a_hung_probe_of_one_tier_does_not_delay_another_tiers(tmp_path: Path) -> None:
+    """Each detached tier is probed on a thread of its own: while the probe of a hung redis (it
+    accepts, answers nothing) waits out its 30 s timeout, another redis that comes back is probed
+    and attached (before, one prober thread probed the tiers one after the other)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    hung, back = RedisServer(tmp_path / "a", start=False), RedisServer(tmp_path / "b", start=False)
+    slow = RedisTier(hung.url, 64 * BLOCK, socket_timeout_s=30.0, connect_timeout_s=30.0, connect=False)
+    try:
+        with TieredStore([(CpuTier(8 * BLOCK), LevelOptions()), (slow, SHARED), (_redis_tier(back.url), SHARED)],
+                         breaker=HOUR) as s:  # fmt: skip
+            a, b = s.levels[1].breaker, s.levels[2].breaker
+            assert not a.attached and not b.attached
+            a_detached, b_detached = a.probed_at, b.probed_at
+            hung.start()
+            hung.pause()
+            assert s.get(_k(0)) is None  # wanted both: both probes come forward
+            wait_for(lambda: b.probed_at > b_detached, "the probe of the down redis to fail")
+            back.start()
+            assert s.get(_k(1)) is None  # brings the second one's probe forward again
+            wait_for(lambda: s.stats().tiers[2].available, "the redis that came back to be attached")
+            assert not a.attached and a.probed_at == a_detached  # the hung probe is still waiting
+            hung.resume()  # answers: the hung probe ends, and attaches it
+            wait_for(lambda: s.stats().tiers[1].available, "the resumed redis to be attached")
+    finally:
+        hung.resume()
+        hung.stop()
+        back.stop()
