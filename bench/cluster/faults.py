@@ -165,8 +165,10 @@ def node_partitioned(d: Driver) -> dict[str, object]:
 def _shared_later(d: Driver, node: int, rounds: range) -> float | None:
     """The share of the blocks ``node`` put (and was answered for) in ``rounds`` that another node
     finds in the shared tiers now: a put acknowledged while the node was cut off lands in its own
-    cpu tier, and its write-through to the shared tiers is skipped, not replayed after the heal
-    (such a block can only reach them later, as a victim the cpu tier spills down)."""
+    cpu tier and its write-through to the shared tiers is skipped, its key kept in each tier's
+    replay backlog; once the heal attaches a tier again the daemon writes those blocks there
+    (kvstore/store/replay.py), so this is the share the replay delivered (1.0 unless a backlog
+    overflowed or the replay had not landed yet when asked)."""
     reader = d.h.workers[(node + 1) % len(d.h.nodes)]
     if reader is None or not rounds:
         return None

@@ -38,6 +38,7 @@ from tiers.redact import redact_url
 __all__ = ["KINDS", "Settings", "StoreConfig", "TierConfig", "default_cache_dir", "effective_lines", "load_config",
            "load_settings"]
 KINDS = ("cpu", "disk", "redis", "s3")
+MAX_REPLAY_BACKLOG_KEYS = 16 * 1024**2  # a key and its dict slot cost ~100 B: 1.6 GB per shared tier at most
 
 
 def default_cache_dir(env: Mapping[str, str] | None = None) -> FsPath:
@@ -161,6 +162,7 @@ class StoreConfig:
     tier_error_window: int = 20  # the circuit breaker's error rate is taken over a tier's last N calls ...
     tier_error_rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
     tier_error_min_calls: int = 10  # ... once the window holds at least this many (kvstore/store/breaker.py)
+    replay_backlog_keys: int = 65536  # keys a shared tier remembers of writes skipped while detached, replayed at attach (0 = off)
     spill_put_timeout_s: float = 5.0  # a call finding the spill queue full waits this long; then its block is not stored below
     traces_dir: str = ""  # TraceStart writes only here ("" = $TIERKV_CACHE_DIR/traces)
     trace_max_records: int = 4_000_000  # the largest trace ring a TraceStart may ask for (24 B a record: 96 MB)
@@ -229,6 +231,9 @@ class StoreConfig:
                               f"{self.tier_error_window} and {self.tier_error_min_calls}")
         if not 0 < self.tier_error_rate <= 1:
             raise ConfigError(f"tier_error_rate must be in (0, 1], got {self.tier_error_rate}")
+        if not 0 <= self.replay_backlog_keys <= MAX_REPLAY_BACKLOG_KEYS:
+            raise ConfigError(f"replay_backlog_keys must be in 0..{MAX_REPLAY_BACKLOG_KEYS} (0 = no replay), got "
+                              f"{self.replay_backlog_keys}")
         _positive(self, "spill_put_timeout_s")
         from kvstore.ops.trace import MAX_RECORDS  # local: keep config import-light
 

@@ -167,7 +167,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("name", "used_bytes", "capacity_bytes", "blocks", "available", "last_error", "hits", "misses", "evictions", "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "detaches", "attaches", "skipped_writes", "refused", "quota_spills")
+    __slots__ = ("name", "used_bytes", "capacity_bytes", "blocks", "available", "last_error", "hits", "misses", "evictions", "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "detaches", "attaches", "skipped_writes", "refused", "quota_spills", "replayed", "replay_dropped", "replay_skipped")
     NAME_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,9 @@ class TierStats(_message.Message):
     SKIPPED_WRITES_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     QUOTA_SPILLS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     name: str
     used_bytes: int
     capacity_bytes: int
@@ -208,7 +211,10 @@ class TierStats(_message.Message):
     skipped_writes: int
     refused: int
     quota_spills: int
-    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., available: _Optional[bool] = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., spills: _Optional[int] = ..., promotions: _Optional[int] = ..., dropped: _Optional[int] = ..., errors: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ..., detaches: _Optional[int] = ..., attaches: _Optional[int] = ..., skipped_writes: _Optional[int] = ..., refused: _Optional[int] = ..., quota_spills: _Optional[int] = ...) -> None: ...
+    replayed: int
+    replay_dropped: int
+    replay_skipped: int
+    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., available: _Optional[bool] = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., spills: _Optional[int] = ..., promotions: _Optional[int] = ..., dropped: _Optional[int] = ..., errors: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ..., detaches: _Optional[int] = ..., attaches: _Optional[int] = ..., skipped_writes: _Optional[int] = ..., refused: _Optional[int] = ..., quota_spills: _Optional[int] = ..., replayed: _Optional[int] = ..., replay_dropped: _Optional[int] = ..., replay_skipped: _Optional[int] = ...) -> None: ...
 
 class TenantStats(_message.Message):
     __slots__ = ("tier", "tenant", "used_bytes", "blocks", "quota_spills")

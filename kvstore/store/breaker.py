@@ -1,12 +1,22 @@
-"""Circuit breaker per tier, and the one background thread that probes detached tiers.
+"""Circuit breaker per tier, and the background threads that probe detached tiers.
 
 Why: a tier whose server is down (or hung) must not cost every request a timeout. After
 ``failures`` consecutive errors a tier is *detached*: the store skips it (reads miss there and
 fall through, writes meant for it are skipped and counted), and no request waits on it any
-more. A background thread then probes it (``Tier.probe``: PING, HEAD bucket) after
+more. A background thread of its own then probes it (``Tier.probe``: PING, HEAD bucket) after
 ``probe_s``, doubling the wait up to ``probe_max_s`` while it keeps failing, and *attaches* it
 again on the first answer. A tier that cannot be reached when the store starts begins detached,
 so the daemon starts degraded instead of crash-looping while S3 or Redis is down.
+
+Demand brings a probe forward: the backoff alone would find a healed tier only up to
+``probe_max_s`` after it heals. A request that wanted a detached tier (a read that missed in every
+available level while it might hold the key, a write skipped for it) calls ``Breaker.wanted``,
+which moves the next probe to ``demand_s`` after the last one ended, never sooner, and the
+prober is woken. So a down server gets at most one probe per ``demand_s`` however busy the store
+(the backoff still spaces the probes of a tier nobody asks for), a healed one is attached within
+about ``demand_s`` of the next request that wants it, and no request ever waits on a probe: it
+runs on the tier's prober thread. When a tier is attached the prober hands its replay backlog (the
+keys whose writes it skipped, kvstore/store/replay.py) to ``on_attach``.
 
 Two rules detach a tier: ``failures`` errors in a row (a server that is down), or an error rate:
 at least ``rate`` of its last ``window`` calls failed, once the window holds ``min_calls`` (a
@@ -16,7 +26,8 @@ single timeout on a busy network detaches nothing; a refusal for lack of room (T
 a failure at all (Level.fail).
 
 The breaker holds state only; the store's lock guards it (like the rest of a Level). The prober
-calls the tier outside that lock, so a probe of a hung server blocks nobody but the prober.
+calls the tier outside that lock, on a thread per tier, so a probe of a hung server blocks nobody
+but that tier's prober thread.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,10 +54,11 @@ class BreakerPolicy:
     window: int = 20  # the error rate is taken over the tier's last ``window`` calls ...
     rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
     min_calls: int = 10  # ... once the window holds at least this many calls
+    demand_s: float = 0.1  # a request that wants a detached tier brings its probe forward to this long after the last
 
     def __post_init__(self) -> None:
-        if self.failures < 1 or self.probe_s <= 0 or self.probe_max_s < self.probe_s:
-            raise ValueError(f"bad breaker policy {self} (failures >= 1, 0 < probe_s <= probe_max_s)")
+        if self.failures < 1 or self.probe_s <= 0 or self.probe_max_s < self.probe_s or self.demand_s <= 0:
+            raise ValueError(f"bad breaker policy {self} (failures >= 1, 0 < probe_s <= probe_max_s, demand_s > 0)")
         if not 1 <= self.min_calls <= self.window or not 0 < self.rate <= 1:
             raise ValueError(f"bad breaker policy {self} (1 <= min_calls <= window, 0 < rate <= 1)")
 
@@ -67,6 +79,7 @@ class Breaker:
         self.failures = 0
         self.next_probe = 0.0  # monotonic time of the next probe, while detached
         self.wait_s = self.policy.probe_s  # the wait before it (doubles per failed probe)
+        self.probed_at = 0.0  # monotonic time the last probe ended (or the tier was detached)
         self._window: deque[bool] = deque(maxlen=self.policy.window)  # True: that call failed
         self._errors = 0  # failed calls in the window
         self.why = ""  # what detached it last
@@ -107,13 +120,26 @@ class Breaker:
     def detach(self) -> None:
         self.attached = False
         self.wait_s = self.policy.probe_s
-        self.next_probe = time.monotonic() + self.wait_s
+        self.probed_at = time.monotonic()
+        self.next_probe = self.probed_at + self.wait_s
         self.failures, self._errors, self.why = 0, 0, "unreachable"
         self._window.clear()
 
     def probe_failed(self) -> None:
         self.wait_s = min(self.wait_s * 2, self.policy.probe_max_s)
-        self.next_probe = time.monotonic() + self.wait_s
+        self.probed_at = time.monotonic()
+        self.next_probe = self.probed_at + self.wait_s
+
+    def wanted(self) -> bool:
+        """A request wanted this detached tier: bring its next probe forward to ``demand_s`` after
+        the last one ended (never sooner). True when that moved it (the prober must be woken)."""
+        if self.attached:
+            return False
+        earliest = self.probed_at + self.policy.demand_s
+        if earliest >= self.next_probe:
+            return False
+        self.next_probe = earliest
+        return True
 
     def attach(self) -> None:
         self.attached, self.failures, self._errors = True, 0, 0
@@ -121,57 +147,71 @@ class Breaker:
 
 
 class Prober:
-    """Probes detached levels in one daemon thread, started on the first detach."""
+    """Probes detached levels, each on a daemon thread of its own started on its first detach, so a
+    probe that hangs on one tier (a cut S3 link costs its connect timeout, retried) never delays
+    the probe of another that answers again.
+
+    ``on_attach(i, keys)``: called under the store lock as level ``i`` is attached, with the keys
+    of its replay backlog; it must not wait (the TieredStore points it at the spill worker's
+    ``replay``, which queues them without waiting for room)."""
 
     def __init__(self, levels: Sequence[Level], lock: threading.RLock) -> None:
         self._levels, self._lock = levels, lock
+        self.on_attach: Callable[[int, list[bytes]], None] | None = None
         self._cv = threading.Condition()  # its own lock: wake() is called under the store lock
-        self._woken = False
+        self._woken = [False] * len(levels)
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._threads: dict[int, threading.Thread] = {}
 
     def wake(self) -> None:
-        """A level was detached: (start and) wake the thread to schedule its probes."""
+        """A level was detached, or a probe brought forward: (start and) wake the threads to
+        schedule their probes."""
         with self._cv:
             if self._closed:
                 return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tierkv-probe", daemon=True)
-                self._thread.start()
-            self._woken = True
-            self._cv.notify()
+            for i, lv in enumerate(self._levels):
+                if i not in self._threads and not lv.available():
+                    self._threads[i] = threading.Thread(target=self._run, args=(i, lv), daemon=True,
+                                                        name=f"tierkv-probe-{lv.name}")
+                    self._threads[i].start()
+            self._woken = [True] * len(self._levels)
+            self._cv.notify_all()
 
     def close(self, timeout_s: float = 15.0) -> None:
-        """Stop probing; waits for a probe in flight (bounded by the tier's own timeouts)."""
+        """Stop probing; waits for the probes in flight (bounded by the tiers' own timeouts)."""
         with self._cv:
             self._closed = True
-            self._cv.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
+            self._cv.notify_all()
+            threads = list(self._threads.values())
+        deadline = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
+    def _run(self, i: int, lv: Level) -> None:
+        """Level ``i``'s thread: probe it whenever it is detached and its probe is due."""
         while True:
             with self._lock:
-                now = time.monotonic()
-                detached = [lv for lv in self._levels if not lv.available()]
-                due = [lv for lv in detached if lv.breaker.next_probe <= now]
-                wait = min((lv.breaker.next_probe - now for lv in detached), default=None)
-            for lv in due:
-                self._probe(lv)
+                wait = None if lv.available() else lv.breaker.next_probe - time.monotonic()
             with self._cv:
                 if self._closed:
                     return
-                if not due and not self._woken:
-                    self._cv.wait(wait)
-                self._woken = False
+                if wait is None or wait > 0:
+                    if not self._woken[i]:
+                        self._cv.wait(wait)
+                    self._woken[i] = False
+                    continue  # woken (a probe brought forward, a detach), or the wait is over: look again
+                self._woken[i] = False
+            self._probe(i, lv)
 
-    def _probe(self, lv: Level) -> None:
+    def _probe(self, i: int, lv: Level) -> None:
         try:
             lv.tier.probe()
         except Exception as e:  # noqa: BLE001 - any failure keeps the tier detached
             with self._lock:
                 lv.probe_failed(e)
             return
-        with self._lock:
+        with self._lock:  # the replay is queued as the level is attached: a flush after it waits for it
             lv.attach()
+            keys = lv.backlog.take()
+            if keys and self.on_attach is not None:
+                self.on_attach(i, keys)

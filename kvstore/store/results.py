@@ -50,6 +50,12 @@ class TierCounters:
                             "block went below")
     quota_spills: int = _counter("Blocks moved below the top tier (or kept out of it) because their tenant was at "
                                  "its quota")
+    replayed: int = _counter("Blocks whose write to this tier was skipped while it was detached, written to it "
+                             "after it was attached again (its replay backlog)")
+    replay_dropped: int = _counter("Keys dropped from this tier's replay backlog, the oldest first, because it was "
+                                   "full (replay_backlog_keys): those blocks are not replayed")
+    replay_skipped: int = _counter("Keys of this tier's replay backlog not replayed: no level held the block any "
+                                   "more (deleted or evicted meanwhile), or it failed verification")
 
 
 @dataclass(kw_only=True)

@@ -5,7 +5,8 @@ way down (``pending``: a block that left a level stays readable from here until 
 in the next one, so it is never missing in between) and the same per-key hit counts (for
 admission). The lock guards this bookkeeping only: bytes are copied outside it (reads pin
 their source instead, see TieredStore._find). Both report tier errors through ``fail``, which
-wakes the prober (kvstore/store/breaker.py) when an error detached a tier. Both check bytes read
+wakes the prober (kvstore/store/breaker.py) when an error detached a tier, and ``skipped`` /
+``wanted`` when a request wanted a detached tier (its probe brought forward). Both check bytes read
 from a tier before serving or moving them on through ``intact``, the one verification path.
 """
 
@@ -72,6 +73,24 @@ class StoreState:
         with self.lock:
             detached = lv.fail(exc)
         if detached:
+            self.prober.wake()
+
+    def skipped(self, lv: Level, key: bytes) -> None:
+        """A write of ``key`` meant for detached ``lv`` was skipped (caller holds the lock): counted,
+        kept for replay (kvstore/store/replay.py), and its probe brought forward."""
+        lv.skipped(key)
+        if lv.breaker.wanted():
+            self.prober.wake()
+
+    def wanted(self, key: bytes) -> None:
+        """A request missed ``key`` in every available level (caller holds the lock): bring forward the
+        probe of each detached level that might hold it (a shared one: any key; a private one: a key
+        in its index), at most one per ``BreakerPolicy.demand_s`` (kvstore/store/breaker.py)."""
+        woke = False
+        for lv in self.levels:
+            if not lv.available() and (lv.options.shared or key in lv.index) and lv.breaker.wanted():
+                woke = True
+        if woke:
             self.prober.wake()
 
     def ok(self, lv: Level) -> None:

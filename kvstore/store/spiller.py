@@ -9,6 +9,11 @@ refuses the block drops it. A level that says it is full (TierFull: a fragmented
 victims worth the block evicted and one more try; then the block goes on below. A victim of a
 shared level (Redis, S3) is copied down but not deleted from the shared server: other nodes may
 be reading it, and that server's own policy reclaims it.
+
+The worker also replays a level's backlog when the prober attaches it again (``replay``,
+kvstore/store/replay.py): a batch of keys per turn, each read from where it still lives and
+landed like a write-through copy, then the rest queued again behind the jobs that came meanwhile,
+so a long backlog neither delays other spills for long nor holds more than one block in memory.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 import threading
 import time
 
+from kvstore.store.replay import BATCH, Replay
 from kvstore.store.shared_state import Job, StoreState
 from kvstore.store.spill_queue import ByteBoundedQueue
 from kvstore.store.tier_bookkeeping import Level
@@ -30,7 +36,7 @@ class Spiller:
     def __init__(self, state: StoreState, max_bytes: int, put_timeout_s: float | None = None) -> None:
         """``put_timeout_s``: how long a client's call may wait for room in the full queue (None: for ever)."""
         self._c = state
-        self._queue: ByteBoundedQueue[Job] = ByteBoundedQueue(max_bytes, lambda j: len(j.value))
+        self._queue: ByteBoundedQueue[Job | Replay] = ByteBoundedQueue(max_bytes, _queued_bytes)
         self._put_timeout_s = put_timeout_s
         self.timeouts = 0  # jobs a client's call could not queue in time (not stored below)
         self._warned_at = -WARN_EVERY_S
@@ -63,6 +69,12 @@ class Spiller:
             log.warning("spill queue full for %.1f s: %d block(s) not stored below (%d so far)",
                         self._put_timeout_s or 0, len(jobs), self.timeouts)
 
+    def replay(self, target: int, keys: list[bytes]) -> None:
+        """Queue the replay of ``keys`` (a level's backlog) into level ``target``, just attached again
+        (the prober's call, under the store lock: it never waits; the item holds keys, not bytes)."""
+        if keys:
+            self._queue.put(Replay(target, keys), force=True)
+
     def flush(self, timeout: float | None = None) -> bool:
         return self._queue.join(timeout)
 
@@ -81,28 +93,33 @@ class Spiller:
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:
             try:
-                self._land(job)
+                if isinstance(job, Replay):
+                    self._replay(job)
+                else:
+                    self._land(job)
             except Exception:  # noqa: BLE001 - the worker must survive anything
-                log.exception("spill of %s failed", job.key.hex()[:16])
+                what = f"replay into level {job.target}" if isinstance(job, Replay) else f"spill of {job.key.hex()[:16]}"
+                log.exception("%s failed", what)
             finally:
                 self._queue.task_done()
 
     def _still_wanted(self, job: Job) -> bool:
         return self._c.pending.get(job.key) is job if job.move else self._c.holds(job.key)
 
-    def _land(self, job: Job) -> None:
-        """Write a queued block into its target level (or below, if that level is down)."""
+    def _land(self, job: Job) -> bool:
+        """Write a queued block into its target level (or below, if that level is down): whether it
+        was written somewhere."""
         size = len(job.value)
         for i in range(job.target, len(self._c.levels) if job.move else job.target + 1):
             lv = self._c.levels[i]
             with self._c.lock:
                 if not self._still_wanted(job):
-                    return
+                    return False
                 if job.key in lv.index:  # already there (inclusive chain): nothing to write
                     lv.touch(job.key)
                     break
                 if not lv.available():
-                    lv.counters.skipped_writes += 1
+                    self._c.skipped(lv, job.key)
                     continue
                 if size > lv.capacity:
                     continue
@@ -121,13 +138,59 @@ class Spiller:
                     lv.counters.write_bytes += size
                     if job.move:
                         self._c.pending.pop(job.key, None)
-                    return
+                    return True
             self._c.guard(lv, lambda lv=lv: lv.tier.delete(job.key))  # deleted meanwhile
-            return
+            return False
         with self._c.lock:  # nowhere to land (admission, or every level below is down)
             if job.move and self._c.pending.get(job.key) is job:
                 del self._c.pending[job.key]
                 self._c.forget_if_gone(job.key)
+        return False
+
+    def _replay(self, r: Replay) -> None:
+        """Replay one batch of a backlog, then queue the rest behind the jobs queued meanwhile."""
+        end = r.start + BATCH
+        for key in r.keys[r.start:end]:
+            self._replay_one(r.target, key)
+        if end < len(r.keys):
+            self._queue.put(Replay(r.target, r.keys, end), force=True)
+
+    def _replay_one(self, i: int, key: bytes) -> None:
+        """Write ``key`` into level ``i`` from wherever the store still holds it (verified as any
+        read), as a write-through copy; a key held nowhere any more is skipped."""
+        lv = self._c.levels[i]
+        with self._c.lock:
+            if not lv.available():  # detached again: kept for its next attach
+                lv.remember(key)
+                return
+            if key in lv.index:  # landed meanwhile (a spill): nothing to write
+                return
+            job = self._c.pending.get(key)  # on its way down: its queued bytes are immutable
+            src = None if job is not None else self._c.first_level(key)
+        if job is not None:
+            data: bytes | None = job.value
+        else:  # read from the level holding it; None: deleted, or evicted with nowhere to go
+            data = None if src is None else self._read(src, key)
+        if data is None:
+            with self._c.lock:
+                lv.counters.replay_skipped += 1
+            return
+        if self._land(Job(key, data, i, False)):
+            with self._c.lock:
+                lv.counters.replayed += 1
+
+    def _read(self, src: int, key: bytes) -> bytes | None:
+        """``key``'s intact bytes from level ``src`` (None: gone meanwhile, a tier error, or a bad
+        block, deleted there and counted by ``intact``)."""
+        lv = self._c.levels[src]
+        raw = self._c.guard(lv, lambda: lv.tier.get(key))
+        if raw is None:
+            return None
+        data = bytes(raw)
+        del raw  # the top tier's view pinned its bytes while they were copied
+        if not lv.tier.in_process and not self._c.intact(lv, key, data):
+            return None
+        return data
 
     def _write(self, i: int, lv: Level, job: Job) -> bool:
         """Put the block into level i; a TierFull evicts victims worth it and tries once more."""
@@ -166,3 +229,8 @@ class Spiller:
         if not lv.options.shared:  # a shared server's own policy (maxmemory, TTL) reclaims it
             self._c.guard(lv, lambda: lv.tier.delete(vkey))
         self.submit(jobs, force=True)
+
+
+def _queued_bytes(item: Job | Replay) -> int:
+    """What an item holds in the queue's memory: a block's bytes (a replay holds keys only)."""
+    return len(item.value) if isinstance(item, Job) else 0

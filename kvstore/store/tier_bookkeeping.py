@@ -4,7 +4,9 @@ The tier is a dumb byte store; the level owns what the store knows about it: the
 (key -> size), the bytes it counts as used, the eviction policy, counters, and its circuit
 breaker (kvstore/store/breaker.py): after a few consecutive errors, or too many of its recent
 calls failing, the tier is detached and skipped until a background probe finds it answering, so
-a dead Redis costs a few timeouts, not one per request. Not thread-safe: the store holds its lock.
+a dead Redis costs a few timeouts, not one per request. A shared or write-through level remembers
+the keys whose writes it skipped meanwhile (its ``backlog``, kvstore/store/replay.py), replayed
+once it is attached again. Not thread-safe: the store holds its lock.
 
 Ownership: a private level (cpu, disk, or a remote tier with ``shared=False``) belongs to this
 store alone: its index is rebuilt from ``scan()`` at start and trimmed to the capacity, and
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 from kvstore.store.breaker import Breaker
 from kvstore.store.eviction import EvictionPolicy, make_eviction_policy
+from kvstore.store.replay import MAX_KEYS, Backlog
 from kvstore.store.results import TierCounters
 from kvstore.store.tenants import TenantUsage, tenant_of
 from tiers.base import Tier
@@ -49,6 +52,7 @@ class Level:
     options: LevelOptions
     breaker: Breaker = field(default_factory=Breaker)
     quota: int = 0  # bytes each tenant may hold here (0 = no quota; the top level only)
+    backlog: Backlog = field(default_factory=lambda: Backlog(MAX_KEYS))  # skipped writes, replayed at attach
     index: dict[bytes, int] = field(default_factory=dict)
     used: int = 0
     counters: TierCounters = field(default_factory=TierCounters)
@@ -78,6 +82,22 @@ class Level:
 
     def has(self, key: bytes) -> bool:
         return key in self.index and self.available()
+
+    @property
+    def replays(self) -> bool:
+        """Whether writes skipped while detached are replayed: a tier other nodes read, or one
+        meant to hold every put."""
+        return self.options.shared or self.options.write_through
+
+    def skipped(self, key: bytes) -> None:
+        """A write of ``key`` meant for this detached tier was skipped: counted, and remembered."""
+        self.counters.skipped_writes += 1
+        self.remember(key)
+
+    def remember(self, key: bytes) -> None:
+        """Put ``key`` in the replay backlog (a tier that replays); the oldest dropped when full."""
+        if self.replays:
+            self.counters.replay_dropped += self.backlog.add(key)
 
     def fail(self, exc: BaseException) -> bool:
         """Count an error; True when it detached the tier. A TierFull is a refusal, not a failure."""

@@ -76,6 +76,7 @@ def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredSto
             tenant_quota_bytes=cfg.tenant_quota_bytes,
             observer=observer,
             spill_put_timeout_s=cfg.spill_put_timeout_s,
+            replay_backlog_keys=cfg.replay_backlog_keys,
             breaker=BreakerPolicy.from_retry(cfg.tier_retry_s, cfg.tier_detach_after, window=cfg.tier_error_window,
                                              rate=cfg.tier_error_rate, min_calls=cfg.tier_error_min_calls),
         )

@@ -20,8 +20,14 @@ Why this shape:
 - A tier that raises is counted; after a few consecutive errors, or a high error rate over its
   recent calls, it is detached (kvstore/store/breaker.py):
   reads fall through to the next level, writes meant for it are skipped (counted) or go on below,
-  and a background probe attaches it again once it answers. A tier unreachable at start begins
-  detached. The store never lets a tier error escape (a misconfigured tier stops it at start).
+  and a background probe attaches it again once it answers; a request that wanted it (a read that
+  missed everywhere else, a skipped write) brings that probe forward, rate-limited per tier. A
+  tier unreachable at start begins detached. The store never lets a tier error escape (a
+  misconfigured tier stops it at start).
+- A shared or write-through tier remembers the keys whose writes it skipped while detached (up to
+  ``replay_backlog_keys``) and, once attached again, the spill worker replays them from the levels
+  that still hold them (kvstore/store/replay.py): blocks put while a node was cut off from Redis
+  or S3 reach them after the heal, so other nodes find them.
 - The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
   tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
   scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
@@ -53,6 +59,7 @@ from kvstore.errors import StoreClosed
 from kvstore.store.breaker import Breaker, BreakerPolicy
 from kvstore.store.miss_reasons import LookupCounts
 from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT, AccessObserver, Observer
+from kvstore.store.replay import MAX_KEYS, Backlog
 from kvstore.store.results import LookupResult, StoreStats, TenantStats, TierStats
 from kvstore.store.shared_state import Job, StoreState, frozen_copy
 from kvstore.store.spiller import Spiller
@@ -79,16 +86,20 @@ class TieredStore:
         tenant_quota_bytes: int = 0,
         spill_put_timeout_s: float | None = None,
         breaker: BreakerPolicy | None = None,
+        replay_backlog_keys: int = MAX_KEYS,
     ) -> None:
         """``tier_retry_s``: first probe of a detached tier (backoff to 10x); ``detach_after``:
         consecutive errors that detach a tier; ``tenant_quota_bytes``: bytes each tenant may hold in
         the top tier (0 = no quota; kvstore/store/tenants.py); ``spill_put_timeout_s``: how long a
         call waits for room in the full spill queue (None: for ever; kvstore/store/spiller.py);
-        ``breaker``: the whole circuit-breaker policy (overrides the two above)."""
+        ``breaker``: the whole circuit-breaker policy (overrides the two above); ``replay_backlog_keys``:
+        keys each shared or write-through level remembers of the writes it skipped while detached,
+        replayed when it is attached again (0: none; kvstore/store/replay.py)."""
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
         policy = breaker or BreakerPolicy.from_retry(tier_retry_s, detach_after)
-        self._state = StoreState([Level(t, o, breaker=Breaker(policy), quota=tenant_quota_bytes if i == 0 else 0)
+        self._state = StoreState([Level(t, o, breaker=Breaker(policy), quota=tenant_quota_bytes if i == 0 else 0,
+                                        backlog=Backlog(replay_backlog_keys))
                                   for i, (t, o) in enumerate(levels)], observer, ghosts_per_tier)
         self.levels = self._state.levels
         self.promote_on_hit = promote_on_hit
@@ -100,10 +111,11 @@ class TieredStore:
         self.access: AccessObserver | None = None  # set while a trace runs (kvstore/ops/trace.py)
         for lv in self.levels:
             lv.start()
-        if not all(lv.available() for lv in self.levels):
-            self._state.prober.wake()
         self._top = TopWriter(self._state)
         self._spill = Spiller(self._state, spill_queue_bytes, spill_put_timeout_s)
+        self._state.prober.on_attach = self._spill.replay  # a reattached level's skipped writes
+        if not all(lv.available() for lv in self.levels):
+            self._state.prober.wake()
 
     # -- public API --------------------------------------------------------------------
     def put(self, key: bytes, value: Buffer) -> bool:
@@ -132,7 +144,7 @@ class TieredStore:
                     if lv.available():
                         through.append(i)
                     else:
-                        lv.counters.skipped_writes += 1
+                        self._state.skipped(lv, key)
             copy = frozen_copy(data) if through or not plan.to_top else None
             jobs = self._top.land(key, data, plan, copy)
         jobs += [Job(key, copy, i, False) for i in through if copy is not None]
@@ -229,6 +241,8 @@ class TieredStore:
                     names[i] = lv.name
         prefix = next((i for i, n in enumerate(names) if n is None), len(names))
         with self._lock:
+            if prefix < len(keys):  # a detached level may hold it: probe that level early
+                self._state.wanted(keys[prefix])
             evicted = self._state.ghosts.explain(keys, names)
             if read:
                 self._state.ghosts.count(names, evicted)
@@ -380,6 +394,7 @@ class TieredStore:
         with self._lock:
             for lv in self.levels:
                 lv.counters.misses += 1
+            self._state.wanted(key)  # a detached level may hold it: probe that level early
         return None
 
     def _after_lower_hit(self, loc: int, key: bytes, data: bytes, from_index: bool) -> None:
