@@ -81,7 +81,6 @@ class Daemon:
         top = self.store.arena()
         if top is not None:
             log.info("cpu tier: %s arena, %s pages", "shared (memfd)" if top.share() else "private", top.page_kind)
-        self.metrics.bind(self.store)
         self.dashboard = Dashboard(self.store)  # /dashboard on the metrics port; set .curves to show a curve
         self.metrics.routes.update(self.dashboard.routes())
         self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
@@ -90,6 +89,7 @@ class Daemon:
         except BaseException:
             self.store.close(flush=False)
             raise
+        self.metrics.bind(self.store, self.access.display)  # tenants on /metrics by name, as in Stats
         # under TLS the raw channel (plaintext) would expose what TLS protects: Gets stream over gRPC
         self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
                                      max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes,
