@@ -21,7 +21,7 @@ from kvstore.client.client import KVStoreClient
 from kvstore.client.retry import Retry
 from kvstore.client.stream_client import StreamChannel
 from kvstore.config.store_config import StoreConfig, TierConfig
-from kvstore.errors import KVStoreUnavailable
+from kvstore.errors import InvalidRequest, KVStoreUnavailable
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.server import stream_tls
@@ -136,6 +136,19 @@ def test_the_client_checks_the_daemons_certificate_on_the_raw_channel(tls_daemon
     got: list[bytes] = []
     assert ok.get(KEYS[:1], lambda i, mv: got.append(bytes(mv)), timeout=10) and got == [_block(KEYS[0])]
     ok.close()
+
+
+def test_a_refusal_reaches_a_tls_client_as_its_typed_error(tls_daemon: Daemon, pki: Path) -> None:
+    good = _good(pki)
+    ch = StreamChannel("127.0.0.1", lambda: _grant(tls_daemon, good), 1 << 20,
+                       tls=stream_tls.client_context(good.tls_ca, good.tls_cert, good.tls_key))
+    too_many = [b"k%015d" % i for i in range(tls_daemon.cfg.max_keys_per_call + 1)]
+    with pytest.raises(InvalidRequest, match="keys in one call"):  # the error frame, sent over TLS, then closed
+        ch.get(too_many, lambda i, mv: None, timeout=10)
+    got: list[bytes] = []
+    _stored(tls_daemon, pki)
+    assert ch.get(KEYS[:1], lambda i, mv: got.append(bytes(mv)), timeout=10) and got == [_block(KEYS[0])]
+    ch.close()
 
 
 def test_mutual_tls_on_the_raw_channel_needs_a_client_certificate(pki: Path) -> None:
