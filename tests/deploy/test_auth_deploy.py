@@ -9,7 +9,17 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from kvstore.block import encode_block
+from kvstore.client.client import KVStoreClient
+from kvstore.client.retry import Retry
+from kvstore.errors import PermissionDenied
+from kvstore.keys import Namespace, chain_keys
+from kvstore.server.auth import ClientAuth
 from kvstore.server.credentials import CredentialTable, load_credentials
+from kvstore.server.daemon import Daemon as ServedDaemon
 from tests.deploy.support import (
     COMPOSE,
     check_config,
@@ -18,6 +28,7 @@ from tests.deploy.support import (
     k8s_credentials_stand_in,
     manifests,
 )
+from tests.fixtures_kvstore import connect, fetch, served
 
 
 def _flag(argv: list[str], flag: str) -> str | None:
@@ -151,3 +162,38 @@ def test_k8s_each_engine_holds_its_own_tenants_token_only(tmp_path: Path) -> Non
         others = {s for (s, _), t in tokens.items() if (cl := table.caller(t)) and tenant not in cl.tenants}
         assert not others & _k8s_secrets_of(obj), f"{name} mounts another tenant's token"
     assert len(served) > 1, "every workload in one tenant: the shipped setup shows no isolation"
+
+
+def test_compose_credentials_isolate_the_engines_on_a_real_daemon(tmp_path: Path) -> None:
+    """The shipped credentials file, served: each engine's token writes and reads its own tenant's
+    blocks and is refused another engine's; the admin token reads both."""
+    (creds,) = compose_config_stand_ins(tmp_path, "kvstore").values()
+    clients = _compose_clients()
+    ns = Namespace.from_model({"n_layer": 2}, "sha256:deploy", "float32", page_size=4)
+    engines = []
+    for svc in clients.values():
+        argv = [str(a) for a in svc["command"]]
+        tenant = _engine_tenant(argv, {k: str(v) for k, v in (svc.get("environment") or {}).items()})
+        key = chain_keys(ns.in_tenant(tenant), [1, 2, 3, 4])[0]
+        engines.append(((tmp_path / _compose_token_file(svc)).read_text(), key))
+    admin = next(tok for tok in (p.read_text() for p in tmp_path.iterdir() if p.is_file() and p != creds)
+                 if (c := load_credentials(creds).caller(tok)) is not None and c.admin)  # fmt: skip
+
+    def block(k: bytes) -> bytes:
+        return encode_block(k, np.full(4096, 3, np.uint8))
+
+    def client(d: ServedDaemon, token: str) -> KVStoreClient:
+        return connect(d, deadline_s=10.0, retry=Retry(attempts=1), auth=ClientAuth(token), use_shm=False)
+
+    with served(tmp_path / "daemon", "--cpu", "64MiB", "--credentials-file", str(creds)) as d:
+        for token, key in engines:
+            with client(d, token) as c:
+                assert c.put(key, block(key)) and fetch(c, [key]) == [block(key)]
+        for i, (token, _) in enumerate(engines):
+            with client(d, token) as c:
+                for j, (_, other) in enumerate(engines):
+                    if i != j:
+                        with pytest.raises(PermissionDenied):
+                            c.lookup([other])
+        with client(d, admin) as ops:
+            assert fetch(ops, [k for _, k in engines]) == [block(k) for _, k in engines]
