@@ -7,10 +7,10 @@ channel does, and presenting the same client certificate. Nothing of a block, a 
 channel's token crosses in plaintext: a client that speaks plaintext to it fails the handshake
 before it is read.
 
-The server sends no TLS 1.3 session tickets (``num_tickets = 0``): a pooled client connection
-then has nothing unread between calls, which is how the client tells an idle connection the
-daemon closed (it becomes readable) from one it may reuse. Handshakes run on each connection's
-own thread, bounded by the channel's handshake time, never on the accept loop.
+Handshakes run on each connection's own thread, bounded by the channel's handshake time, never
+on the accept loop. A pooled client connection has nothing unread between calls (TLS 1.3 session
+tickets come right after the handshake and are consumed with the first reply), so the client
+still tells an idle connection the daemon closed (it becomes readable) from one it may reuse.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ def server_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
     required and checked against it (as gRPC's ``require_client_auth``)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.num_tickets = 0
     try:
         ctx.load_cert_chain(cert, key)
         if client_ca:

@@ -97,10 +97,11 @@ def _stored(d: Daemon, pki: Path) -> None:
 def test_a_tls_client_gets_its_blocks_over_the_tls_raw_channel(tls_daemon: Daemon, pki: Path) -> None:
     _stored(tls_daemon, pki)
     with _client(tls_daemon, _good(pki)) as c:
-        for _ in range(2):  # the second call reuses the pooled connection
-            assert fetch(c, KEYS) == [_block(k) for k in KEYS]
+        assert fetch(c, KEYS) == [_block(k) for k in KEYS]
         (conn,) = c._stream._idle  # the raw channel carried them (use_stream=True: no gRPC fallback), over TLS
         assert isinstance(conn, ssl.SSLSocket) and conn.version() in ("TLSv1.2", "TLSv1.3")
+        assert fetch(c, KEYS) == [_block(k) for k in KEYS]
+        assert c._stream._idle == [conn]  # reused: nothing was left unread on it between calls
 
 
 def test_nothing_readable_reaches_a_plaintext_client(tls_daemon: Daemon, pki: Path) -> None:
