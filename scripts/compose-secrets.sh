@@ -13,7 +13,9 @@ set -euo pipefail
 dir="${1:-$(cd "$(dirname "$0")/.." && pwd)/secrets}"
 mkdir -p "$dir"
 chmod 0700 "$dir"
-for name in redis_password s3_access_key_id s3_secret_access_key mac_secret; do
+# tierkv_*token*: the daemon's bearer tokens (deploy/compose-credentials.yaml maps them to tenants)
+for name in redis_password s3_access_key_id s3_secret_access_key mac_secret \
+            tierkv_admin_token tierkv_token_alpha tierkv_token_beta tierkv_token_gamma; do
     f="$dir/$name"
     if [ ! -s "$f" ]; then
         bytes=32

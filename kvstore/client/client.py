@@ -54,6 +54,7 @@ from kvstore.errors import (
 )
 from kvstore.proto import kvstore_pb2 as pb
 from kvstore.proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.server import stream_tls
 from kvstore.server.auth import AuthError, ClientAuth
 from kvstore.store.results import InPlace, LookupResult, StoreStats, TenantStats, TierStats
 from tiers.base import Buffer
@@ -128,7 +129,9 @@ class KVStoreClient:
         self._shm.required = self._shm_required
         self._detaching: set[grpc.Future] = set()
         self._stream_required = use_stream is True
-        self._stream = StreamChannel(address.rpartition(":")[0], self._open_stream, max_block_bytes)
+        self._stream = StreamChannel(address.rpartition(":")[0], self._open_stream, max_block_bytes,
+                                     tls=stream_tls.client_context(self.auth.tls_ca, self.auth.tls_cert,
+                                                                   self.auth.tls_key))  # as gRPC's
         self._stream.enabled = use_stream is not False
         self._arena_use = use_arena
         self._arena: ArenaMap | None = None

@@ -5,6 +5,11 @@
 covers the whole call. A connection goes back to the pool only after a call that read its
 ``DONE``: after any failure (deadline, sink error, daemon gone) unread bytes of that call may
 still be on their way, so the connection is closed and never read again.
+
+With ``tls`` (the client's gRPC TLS, kvstore/server/stream_tls.py) each connection is TLS, the
+daemon's certificate checked against the same CA and host name as its gRPC channel: the token
+is sent only once the handshake succeeded. A failed handshake is a typed error of that call, not
+a reason to send anything in plaintext.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -35,8 +41,9 @@ _ERRORS = {w.ERR_INVALID: InvalidRequest, w.ERR_UNAVAILABLE: KVStoreUnavailable,
 
 
 class StreamChannel:
-    def __init__(self, host: str, open_fn: OpenFn, max_block_bytes: int, keep_idle: int = 4) -> None:
-        self.host, self.open_fn = host.strip("[]"), open_fn
+    def __init__(self, host: str, open_fn: OpenFn, max_block_bytes: int, keep_idle: int = 4,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.host, self.open_fn, self.tls = host.strip("[]"), open_fn, tls
         self.max_block_bytes, self.keep_idle = max_block_bytes, keep_idle
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -93,7 +100,12 @@ class StreamChannel:
             return None
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:  # the handshake (within ``timeout``) before the token
+                conn = self.tls.wrap_socket(conn, server_hostname=self.host)
             conn.sendall(token)
+        except ssl.SSLCertVerificationError as e:
+            conn.close()
+            raise KVStoreUnavailable(f"stream channel {self.host}:{port}: TLS certificate refused: {e}") from None
         except OSError as e:
             conn.close()
             raise KVStoreUnavailable(f"stream channel {self.host}:{port} lost: {e}") from None

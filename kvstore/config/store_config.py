@@ -176,6 +176,7 @@ class StoreConfig:
     min_client_ping_interval_s: float = 30.0  # a client pinging more often than this is sent away (GOAWAY)
     health_max_watches: int = 16  # health Watch streams at once (health needs no token)
     metrics_timeout_s: float = 10.0  # an HTTP connection to /metrics silent this long is closed
+    tenant_fair_share: bool = False  # top tier full: evict first from a tenant above capacity / tenants there
 
     def __post_init__(self) -> None:
         if not self.tiers:

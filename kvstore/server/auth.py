@@ -136,7 +136,7 @@ def describe(cfg: Any) -> list[str]:
         lines = [f"auth: bearer token in {path} (created 0600 if missing)"]
     if cfg.tls_cert:
         mtls = f"; client certificates required (CA {cfg.tls_client_ca})" if cfg.tls_client_ca else ""
-        lines.append(f"tls: cert {cfg.tls_cert}{mtls}; raw TCP Get channel off (gRPC streams instead)")
+        lines.append(f"tls: cert {cfg.tls_cert}{mtls}; raw Get channel over TLS too (same certificate)")
     return lines
 
 

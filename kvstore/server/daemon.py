@@ -32,7 +32,7 @@ from kvstore.ops.dashboard import Dashboard
 from kvstore.ops.stats_log import StatsLogger
 from kvstore.ops.trace_curves import LatestCurves
 from kvstore.proto import kvstore_pb2, kvstore_pb2_grpc
-from kvstore.server import auth
+from kvstore.server import auth, stream_tls
 from kvstore.server.health import DaemonHealth
 from kvstore.server.malformed_requests import MalformedRequests
 from kvstore.server.metrics import StoreMetrics
@@ -81,7 +81,6 @@ class Daemon:
         top = self.store.arena()
         if top is not None:
             log.info("cpu tier: %s arena, %s pages", "shared (memfd)" if top.share() else "private", top.page_kind)
-        self.metrics.bind(self.store)
         self.dashboard = Dashboard(self.store)  # /dashboard on the metrics port; set .curves to show a curve
         self.metrics.routes.update(self.dashboard.routes())
         self.sessions = ShmSessions(max_bytes=cfg.shm_max_bytes)
@@ -90,11 +89,16 @@ class Daemon:
         except BaseException:
             self.store.close(flush=False)
             raise
-        # under TLS the raw channel (plaintext) would expose what TLS protects: Gets stream over gRPC
-        self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
-                                     max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes,
-                                     max_keys=cfg.max_keys_per_call)
-                        if cfg.stream and creds is None else None)  # fmt: skip
+        self.metrics.bind(self.store, self.access.display)  # tenants on /metrics by name, as in Stats
+        # under TLS the raw channel is TLS too, with the same certificate (kvstore/server/stream_tls.py)
+        try:
+            self.streams = (StreamServer(self.store, cfg.listen.rpartition(":")[0], cfg.stream_port,
+                                         max_conns=cfg.stream_max_conns, max_request_bytes=cfg.max_message_bytes,
+                                         max_keys=cfg.max_keys_per_call, tls=stream_tls.server_context_of(cfg))
+                            if cfg.stream else None)  # fmt: skip
+        except BaseException:
+            self.store.close(flush=False)
+            raise
         # SERVING even with a tier detached; Watch bounded (see kvstore/server/health.py)
         self.health = DaemonHealth(self.store, max_watches=cfg.health_max_watches)
         on = self.access.table is not None

@@ -32,9 +32,14 @@ _LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 METRIC_TENANTS = 16
 
 
+def _as_is(name: str) -> str:
+    return name
+
+
 class _StoreCollector(Collector):
-    def __init__(self, store: TieredStore) -> None:
+    def __init__(self, store: TieredStore, display: Callable[[str], str] = _as_is) -> None:
         self._store = store
+        self._display = display  # a tenant row's name as the operator knows it (see StoreMetrics.bind)
 
     def collect(self) -> Iterator[Metric]:
         st = self._store.stats(tenant_rows=METRIC_TENANTS)
@@ -56,14 +61,16 @@ class _StoreCollector(Collector):
                 fam.add_metric([t.name], float(getattr(t, name)))
         yield from gauges.values()
         yield from counters.values()
-        t_bytes = GaugeMetricFamily("tierkv_tenant_used_bytes", "Bytes of one tenant in the tier (tenant: the 12-hex "
-                                    "tag its keys carry, default, shared; the tenants past the largest "
-                                    f"{METRIC_TENANTS} per tier summed as _other)", labels=["tier", "tenant"])
+        t_bytes = GaugeMetricFamily("tierkv_tenant_used_bytes", "Bytes of one tenant in the tier (tenant: a "
+                                    "configured tenant's name, else the 12-hex tag its keys carry, default, shared; "
+                                    f"the tenants past the largest {METRIC_TENANTS} per tier summed as _other)",
+                                    labels=["tier", "tenant"])
         t_blocks = GaugeMetricFamily("tierkv_tenant_blocks", "Blocks of one tenant in the tier (as "
                                      "tierkv_tenant_used_bytes)", labels=["tier", "tenant"])
-        for row in st.tenants:
-            t_bytes.add_metric([row.tier, row.tenant], float(row.used_bytes))
-            t_blocks.add_metric([row.tier, row.tenant], float(row.blocks))
+        show = self._display
+        for row in st.tenants:  # one name per tag (configured tags never collide): the cardinality stays bounded
+            t_bytes.add_metric([row.tier, show(row.tenant)], float(row.used_bytes))
+            t_blocks.add_metric([row.tier, show(row.tenant)], float(row.blocks))
         yield t_bytes
         yield t_blocks
         top = self._store.arena()
@@ -167,9 +174,14 @@ class StoreMetrics:
     def auth_refused(self, reason: str) -> None:
         self._refused.labels(reason).inc()
 
-    def bind(self, store: TieredStore) -> None:
-        """Expose the store's usage and counters (call once, after the store is built)."""
-        self.registry.register(_StoreCollector(store))
+    def bind(self, store: TieredStore, display: Callable[[str], str] = _as_is) -> None:
+        """Expose the store's usage and counters (call once, after the store is built).
+
+        ``display`` names a tenant row as the operator knows it: the daemon passes its credentials'
+        ``Access.display`` (a configured tenant's name for its tag, asked at each scrape so a
+        reloaded credentials file applies), the same mapping its Stats RPC uses; tags of no
+        configured tenant, ``default``, ``shared`` and ``_other`` stay as they are."""
+        self.registry.register(_StoreCollector(store, display))
 
     def serve(self, port: int, addr: str = "127.0.0.1", timeout_s: float = 10.0) -> int:
         """Serve /metrics (and ``routes``) over HTTP on ``addr:port`` in a daemon thread; returns the port.

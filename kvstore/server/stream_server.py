@@ -7,6 +7,10 @@ are checked against that credential as it is at the time of the request (a reloa
 applies at once), as a gRPC Get's are (kvstore/server/credentials.py): one refused key answers the
 request with ERR_DENIED, nothing sent, and closes the connection.
 
+TLS: with ``tls`` (the daemon's gRPC TLS, kvstore/server/stream_tls.py) every connection is TLS,
+its handshake done on the connection's own thread within ``handshake_s``; a plaintext client fails
+the handshake before anything of it is read, and nothing is ever sent to it.
+
 Bounds: at most ``max_conns`` connections and unused tokens together (OpenStream is refused past
 it and the client streams over gRPC instead); a connection that does not authenticate within
 ``handshake_s`` or stays idle ``idle_s`` is closed; one request's keys are at most ``max_keys``
@@ -22,6 +26,7 @@ import hmac
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -50,8 +55,9 @@ class _Refused(Exception):
 class StreamServer:
     def __init__(self, store: _Readable, host: str = "127.0.0.1", port: int = 0, max_conns: int = 16,
                  max_request_bytes: int = 8 * 1024**2, handshake_s: float = 10.0, idle_s: float = 300.0,
-                 send_s: float = 60.0, max_keys: int = MAX_KEYS) -> None:  # fmt: skip
+                 send_s: float = 60.0, max_keys: int = MAX_KEYS, tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
         self.store, self.max_conns, self.max_request_bytes = store, max_conns, max_request_bytes
+        self.tls = tls  # None: plaintext (a daemon whose gRPC is plaintext)
         self.max_keys = min(max_keys, MAX_KEYS)
         self.handshake_s, self.idle_s, self.send_s = handshake_s, idle_s, send_s
         self._listener = socket.create_server((host.strip("[]"), port), family=_family(host), backlog=max_conns)
@@ -116,6 +122,9 @@ class StreamServer:
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                conn = self._wrap(conn)
+                self._handshake(conn)
             who = self._authenticate(conn)
             if who is not None:
                 while self._serve_one(conn, who):
@@ -128,6 +137,26 @@ class StreamServer:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+
+    def _wrap(self, raw: socket.socket) -> ssl.SSLSocket:
+        """The connection as a TLS socket, not yet shaken hands (no I/O). It takes over the raw
+        socket's descriptor and its place among the connections, so ``close`` reaches it."""
+        assert self.tls is not None
+        conn = self.tls.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+        with self._lock:
+            self._conns.discard(raw)
+            self._conns.add(conn)
+        return conn
+
+    def _handshake(self, conn: ssl.SSLSocket) -> None:
+        """Within ``handshake_s``; ssl.SSLError (an OSError) when the client does not speak TLS,
+        does not trust the certificate, or (mutual TLS) has no certificate the client CA signed."""
+        conn.settimeout(self.handshake_s)
+        try:
+            conn.do_handshake()
+        except OSError as e:
+            log.warning("stream channel: TLS handshake failed (%s): connection closed", e)
+            raise
 
     def _authenticate(self, conn: socket.socket) -> Who | None:
         """The credential the connection's token was issued to; None: no valid token."""
@@ -146,7 +175,7 @@ class StreamServer:
         """Answer one request; False once the connection should close."""
         conn.settimeout(self.idle_s)
         try:
-            head = conn.recv(w.REQUEST.size, socket.MSG_WAITALL)
+            head = _recv_head(conn)
         except TimeoutError:
             return False
         if not head:
@@ -211,6 +240,16 @@ class StreamServer:
                 left -= n
         except OSError:
             pass
+
+
+def _recv_head(conn: socket.socket) -> bytes:
+    """A request's header, or what came of it before the client closed (b"": closed between
+    requests). A loop, not MSG_WAITALL, which a TLS socket does not take."""
+    buf = bytearray(w.REQUEST.size)
+    got = 0
+    while got < len(buf) and (n := conn.recv_into(memoryview(buf)[got:])):
+        got += n
+    return bytes(buf[:got])
 
 
 def _family(host: str) -> socket.AddressFamily:

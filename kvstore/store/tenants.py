@@ -15,7 +15,8 @@ start with it, so an operator can find or delete one tenant's blocks by prefix).
 
 Names: ``default`` (16-byte keys: no salt, or an opaque key), ``shared`` (the operator-declared
 shared namespace), else the tag as 12 hex digits (``tenant_name(tenant_tag(name or salt))``; the
-Stats RPC shows a configured tenant's name instead). Not thread-safe: the store holds its lock.
+Stats RPC and /metrics show a configured tenant's name instead, through the daemon's credentials:
+``Access.display``). Not thread-safe: the store holds its lock.
 """
 
 from __future__ import annotations

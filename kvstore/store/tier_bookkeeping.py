@@ -20,6 +20,15 @@ Tenants (kvstore/store/tenants.py): the level counts bytes and blocks per tenant
 With a ``quota`` (the top level only) a tenant holds at most that many bytes here: a put of a
 tenant at its quota marks that tenant's own least recently used blocks as victims
 (``quota_victims``), so one tenant's flood spills its own blocks, never another tenant's.
+
+Fair share (``LevelOptions.fair_share``, opt-in; the daemon sets it on the top level with
+``tenant_fair_share``): without a quota, when the level is full the victim comes first from the
+tenant holding the most bytes here above its fair share (capacity / tenants holding blocks here),
+its own least recently used block; only when no tenant is above its share does the eviction
+policy choose. So one heavy tenant's flood evicts its own blocks once it holds more than its
+share, and a light tenant's working set (under its share) stays. The share adapts as tenants come
+and go; an idle tenant's blocks count until they leave, and the policy still evicts them when
+every tenant is within its share.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ class LevelOptions:
     write_through: bool = False  # copy every put here at once (shared remote tiers)
     admit_min_hits: int = 0  # spill here only blocks hit >= N times; others are dropped
     shared: bool = False  # other nodes use this tier: consult it on index misses; never scan/trim it
+    fair_share: bool = False  # full: evict first from a tenant above capacity / tenants here (module notes)
 
 
 @dataclass
@@ -66,7 +76,7 @@ class Level:
         if self.quota < 0:
             raise ValueError(f"quota must be >= 0, got {self.quota}")
         self.eviction = make_eviction_policy(self.options.eviction, self.tier.capacity_bytes)
-        self.tenants = TenantUsage(ordered=self.quota > 0)
+        self.tenants = TenantUsage(ordered=self.quota > 0 or self.options.fair_share)
 
     @property
     def name(self) -> str:
@@ -166,7 +176,13 @@ class Level:
     def pick_victims(self, size: int) -> list[tuple[bytes, int]]:
         """Mark victims as leaving until ``size`` more bytes fit. They stay readable meanwhile."""
         out: list[tuple[bytes, int]] = []
+        fair = _FairShare(self) if self.options.fair_share else None
         while self.used - self.leaving_bytes + size > self.capacity:
+            if fair is not None and (pick := fair.victim()) is not None:
+                self._mark_leaving(*pick)
+                fair.leaves(*pick)
+                out.append(pick)
+                continue
             key = self.eviction.victim()
             if key is None:
                 break
@@ -235,3 +251,31 @@ class Level:
             return
         if self.index:
             log.info("tier %s: found %d blocks (%d bytes) from a previous run", self.name, len(self.index), self.used)
+
+
+class _FairShare:
+    """One ``pick_victims`` call's view of who holds more than a fair share of a level: each
+    tenant's bytes not already leaving, against capacity / tenants holding blocks here."""
+
+    def __init__(self, level: Level) -> None:
+        self._lv = level
+        rows = level.tenants.rows(max(len(level.tenants), 1))
+        self._held = {r.tenant: r.used_bytes for r in rows if r.blocks > 0}
+        for k in level.leaving:
+            t = tenant_of(k)
+            if t in self._held:
+                self._held[t] -= level.index.get(k, 0)
+        self._share = level.capacity // max(len(self._held), 1)
+
+    def victim(self) -> tuple[bytes, int] | None:
+        """The least recently used block (not leaving) of the tenant most above its share; None
+        when no tenant is above it."""
+        over = [(held, t) for t, held in self._held.items() if held > self._share]
+        for _, tenant in sorted(over, reverse=True):
+            for key, size in self._lv.tenants.oldest(tenant):
+                if key not in self._lv.leaving:
+                    return key, size
+        return None
+
+    def leaves(self, key: bytes, size: int) -> None:
+        self._held[tenant_of(key)] -= size

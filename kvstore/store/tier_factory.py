@@ -13,6 +13,8 @@ here (kvstore/config/tier_secrets.py); their reads are bounded by the largest bl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvstore.config import tier_secrets
 from kvstore.config.store_config import StoreConfig, TierConfig
 from kvstore.store.breaker import BreakerPolicy
@@ -63,11 +65,12 @@ def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredSto
     built: list[tuple[Tier, LevelOptions]] = []
     mac = tier_secrets.block_mac(cfg) if tier_secrets.signs(cfg) else None
     try:
-        for tc in cfg.tiers:
+        for i, tc in enumerate(cfg.tiers):
             tier = build_tier(tc, cfg.shm and cfg.shm_arena, max_value_bytes=cfg.max_block_bytes + TRAILER_BYTES)
             if mac is not None and tc.kind in tier_secrets.SIGNED_KINDS:
                 tier = SignedTier(tier, mac, on_reject=observer.corrupt if observer is not None else None)
-            built.append((tier, level_options(tc)))
+            opts = level_options(tc)
+            built.append((tier, replace(opts, fair_share=cfg.tenant_fair_share) if i == 0 else opts))  # the top
         return TieredStore(
             built,
             promote_on_hit=cfg.promote_on_hit,

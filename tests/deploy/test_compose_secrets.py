@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.servers import LOOPBACK, free_port
-from tests.deploy.support import COMPOSE, ROOT, check_config, compose_commands
+from tests.deploy.support import COMPOSE, ROOT, check_config, compose_daemon_command
 
 SECRET_FLAGS = {"--redis-password-file", "--s3-access-key-id-file", "--s3-secret-access-key-file", "--mac-secret-file"}
 SECRETISH = re.compile(r"PASSWORD|SECRET|ACCESS_KEY|TOKEN$", re.I)
@@ -60,9 +60,8 @@ def test_every_credential_is_a_compose_secret_never_a_value() -> None:
     assert "/secrets/" in (ROOT / ".gitignore").read_text().split()
 
 
-def test_daemon_command_signs_with_the_mac_secret() -> None:
-    (argv, env) = next((a, e) for n, a, e in compose_commands() if n == "kvstore")
-    res = check_config(argv, env)
+def test_daemon_command_signs_with_the_mac_secret(tmp_path: Path) -> None:
+    res = check_config(*compose_daemon_command(tmp_path))
     assert res.returncode == 0, res.stderr
     assert "blocks signed with the secret in /run/secrets/mac_secret" in res.stdout
     assert "redis: password from /run/secrets/redis_password" in res.stdout

@@ -16,7 +16,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.support import COMPOSE, K8S, ROOT, check_config, compose_commands, manifests
+from tests.deploy.support import (
+    COMPOSE,
+    K8S,
+    ROOT,
+    check_config,
+    compose_commands,
+    compose_config_stand_ins,
+    k8s_credentials_stand_in,
+    manifests,
+)
 
 
 def test_compose_services_and_health() -> None:
@@ -36,8 +45,10 @@ def test_compose_services_and_health() -> None:
 
 
 @pytest.mark.parametrize("name,argv,env", compose_commands(), ids=[c[0] for c in compose_commands()])
-def test_compose_command_accepted_by_our_cli(name: str, argv: list[str], env: dict[str, str]) -> None:
-    res = check_config(argv, env)
+def test_compose_command_accepted_by_our_cli(name: str, argv: list[str], env: dict[str, str],
+                                            tmp_path: Path) -> None:
+    configs = compose_config_stand_ins(tmp_path, name)  # what it mounts from compose configs, as mounted
+    res = check_config([str(configs.get(a, a)) for a in argv], env)
     assert res.returncode == 0, f"{name}: {' '.join(argv)} rejected:\n{res.stderr[-2000:]}"
 
 
@@ -108,6 +119,9 @@ def test_k8s_commands_accepted_by_our_cli(kind: str, tmp_path: Path) -> None:
     cfg_path = tmp_path / "kvstore.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     argv = [str(cfg_path) if a == "/etc/tierkv/config/kvstore.yaml" else a for a in argv]
+    if "--credentials-file" in argv:  # the credentials file as projected, with stand-in tokens
+        i = argv.index("--credentials-file") + 1
+        argv[i] = str(k8s_credentials_stand_in(tmp_path / "credentials")[0])
     for i, a in enumerate(argv):  # TLS files are checked for readability: stand-ins for the Secret's
         if a.startswith("/etc/tierkv/tls/"):
             (tmp_path / Path(a).name).write_text("stand-in")
@@ -121,7 +135,7 @@ def _vllm_transfer_config(argv: list[str]) -> dict:
     return json.loads(argv[argv.index("--kv-transfer-config") + 1])
 
 
-def _check_vllm_connector(cfg: dict, address: str) -> None:
+def _check_vllm_connector(cfg: dict, address: str, token_file: str) -> None:
     """What vLLM would hand TierKVConnector: the names our docs give, and an extra config our
     connector accepts (parsed by its own config class, as at vLLM's start-up)."""
     from connector.vllm.config import VLLMConnectorConfig
@@ -129,14 +143,13 @@ def _check_vllm_connector(cfg: dict, address: str) -> None:
     assert (cfg["kv_connector"], cfg["kv_connector_module_path"]) == ("TierKVConnector", "connector.vllm")
     assert cfg["kv_role"] == "kv_both" and cfg["kv_load_failure_policy"] == "recompute"
     parsed = VLLMConnectorConfig.from_extra(cfg["kv_connector_extra_config"])
-    assert parsed.kvstore == address and parsed.token_file == "/run/tierkv/token"
+    assert parsed.kvstore == address and parsed.token_file == token_file and parsed.tenant  # tests/deploy/test_auth_deploy.py
 
 
 def test_compose_vllm_uses_the_daemon_through_our_connector() -> None:
     svc = COMPOSE["services"]["vllm"]
     assert svc["depends_on"]["kvstore"]["condition"] == "service_healthy"
-    assert "kv-auth:/run/tierkv:ro" in svc["volumes"]
-    _check_vllm_connector(_vllm_transfer_config(svc["command"]), "kvstore:50051")
+    _check_vllm_connector(_vllm_transfer_config(svc["command"]), "kvstore:50051", "/run/secrets/tierkv_token_gamma")
     assert svc["environment"]["HF_HUB_OFFLINE"] == "1"
 
 
@@ -145,12 +158,12 @@ def test_k8s_vllm_finds_node_local_daemon() -> None:
     spec = dep["spec"]["template"]["spec"]
     (c,) = spec["containers"]
     cfg = _vllm_transfer_config(c["command"])
-    _check_vllm_connector(cfg, "tierkv-kvstore:50051")
+    _check_vllm_connector(cfg, "tierkv-kvstore:50051", "/run/tierkv/token")
     _node_local_daemon(cfg["kv_connector_extra_config"]["kvstore"])
     vols = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     sources = {s["secret"]["name"]: s["secret"]["items"] for s in vols[mounts["/run/tierkv"]]["projected"]["sources"]}
-    assert sources["tierkv-auth"] == [{"key": "token", "path": "token"}]
+    assert sources["tierkv-token-beta"] == [{"key": "token", "path": "token"}]  # its tenant's token only
     assert sources["tierkv-kvstore-tls"] == [{"key": "ca.crt", "path": "ca.crt"}]  # the CA, not the daemon's key
     assert cfg["kv_connector_extra_config"]["tls_ca"] == "/run/tierkv/ca.crt"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

@@ -67,7 +67,7 @@ def test_tls_to_the_daemon_and_to_the_shared_tiers() -> None:
     cmd = c["command"]
     for flag in ("--tls-cert", "--tls-key"):
         assert _mounted_secret(spec, c, cmd[cmd.index(flag) + 1]) == "tierkv-kvstore-tls"
-    assert "--no-stream" in cmd  # the raw Get channel is plaintext: off (it is off under TLS anyway)
+    assert "--no-stream" in cmd  # the raw Get channel: off here (it would need its own Service port; TLS when on)
     tiers = {t["kind"]: t for t in _cm()["tiers"]}
     assert tiers["redis"]["url"].startswith("rediss://") and tiers["s3"]["endpoint"].startswith("https://")
     for kind in ("redis", "s3"):

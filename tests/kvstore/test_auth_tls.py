@@ -72,7 +72,7 @@ def _client(d: Daemon, auth: ClientAuth) -> KVStoreClient:
 
 def test_tls_round_trip_and_refusals(tls_daemon: Daemon, pki: Path) -> None:
     mtls = bool(tls_daemon.cfg.tls_client_ca)
-    assert tls_daemon.streams is None  # the plaintext side channel is off under TLS
+    assert tls_daemon.streams is not None and tls_daemon.streams.tls is not None  # the raw channel is TLS too
     good = ClientAuth(TOKEN, str(pki / "ca.pem"), str(pki / "client.pem"), str(pki / "client.key"))
     with _client(tls_daemon, good) as c:
         assert c.put(KEY, auth_block())
