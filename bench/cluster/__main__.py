@@ -26,8 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
     p.add_argument("--no-latency", action="store_true", help="skip get_latency_by_link")
+    p.add_argument("--no-regret", action="store_true", help="skip regret_by_link (no engines run)")
+    p.add_argument("--regret-only", action="store_true",
+                   help="only regret_by_link and decisions_by_link (no cross-node rounds, faults, latency)")
     p.add_argument("--prefix", default="", help=argparse.SUPPRESS)  # the namespaces' prefix (tests)
     args = p.parse_args(argv)
+    if args.no_regret and args.regret_only:
+        p.error("--no-regret and --regret-only: nothing would run")
     if args.nodes < 3:
         p.error("--nodes: at least 3 (issue #25)")
     faults = [f for f in args.faults.split(",") if f]
@@ -35,16 +40,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown faults {sorted(unknown)}; choose from {list(FAULTS)}")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        res = run(args.quick, nodes=args.nodes, faults=faults, latency=not args.no_latency, prefix=args.prefix)
+        res = run(args.quick, nodes=args.nodes, faults=faults, latency=not args.no_latency, prefix=args.prefix,
+                  regret=not args.no_regret, only_regret=args.regret_only)
     except NamespacesUnavailable as e:
         print(f"bench.cluster needs network namespaces: {e}", file=sys.stderr)
         return 2
     text = json.dumps(res, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
-    summary = {"nodes": res["nodes"], "cross_node_hit_rate": res["cross_node_hit_rate"],
-               "faults": {k: {f: v.get(f) for f in ("wrong_outputs", "client_errors", "recovery_s")}  # type: ignore[union-attr]
-                          for k, v in res["faults"].items()}}  # type: ignore[union-attr]
+    summary = {k: res[k] for k in ("nodes", "cross_node_hit_rate", "regret_by_link", "decisions_by_link") if k in res}
+    if "faults" in res:
+        summary["faults"] = {k: {f: v.get(f) for f in ("wrong_outputs", "client_errors", "recovery_s")}  # type: ignore[union-attr]
+                             for k, v in res["faults"].items()}  # type: ignore[union-attr]
     print(json.dumps(summary), file=sys.stderr)
     return 0
 

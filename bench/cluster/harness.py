@@ -72,15 +72,16 @@ class ClusterHarness:
                         + "".join(f"  - {t}\n" for t in tiers))
         return path
 
-    def start_node(self, i: int, cpu: str | None = None, redis: bool = True) -> None:
+    def start_node(self, i: int, cpu: str | None = None, redis: bool = True, s3_url: str | None = None) -> None:
         """A fresh daemon on node ``i`` (cpu tier ``cpu``, default the harness's; ``redis`` False: no
-        Redis tier, cpu -> S3) and its worker."""
+        Redis tier, cpu -> S3; ``s3_url``: reach S3 there instead, such as a delay proxy in the
+        node's namespace) and its worker."""
         ep = self.s3.endpoint
         env = {"AWS_ACCESS_KEY_ID": ep.access_key, "AWS_SECRET_ACCESS_KEY": ep.secret_key,
                "AWS_DEFAULT_REGION": ep.region}
         daemon = NodeDaemon(self.topo, self.nodes[i], self.workdir, ",".join(self.redis.urls) if redis else "",
                             "--config", str(self._config(i, cpu or self.cpu, redis)), "--s3", f"s3://{BUCKET}/kv",
-                            "--s3-endpoint", ep.url, env=env)
+                            "--s3-endpoint", s3_url or ep.url, env=env)
         self.daemons[i] = daemon
         argv = [*self.topo.exec_prefix(self.nodes[i]), sys.executable, "-m", "bench.cluster.node_worker",
                 daemon.address, "--floats", str(self.floats), "--wait-s", str(self.put_wait_s)]
