@@ -56,6 +56,14 @@ RATIOS = (0.0, 0.05, 0.15, 0.3, 0.5, 1.0)
 # one set for every layer. No strategy beat random selection at r = 0.15 or 0.3 there; V had the
 # best mean continuation F1 (0.684 vs K 0.644, attention 0.646, gradual 0.642-0.650), and sink
 # tokens changed nothing at those r (the deviation ranking already holds each chunk's first tokens).
+# #23 part 6 checks on SmolLM2-135M (diagnostic scripts, not committed): re-rotation is right (layer-0
+# K/V deviation of reused chunks ~0), the layer-1 reference is the exact full-prefill row; deviation
+# sits in each chunk's first ~8 tokens, and layer-1 V's top 15% holds 55-60% of the top 15% by true
+# deviation summed over layers 2-29 (random: 15%). Paired against random at r = 0.15: first-token KL
+# -0.066 [-0.101, -0.031] and KL teacher-forced over the 32-token reference -0.009 [-0.023, 0.006]
+# (10 cases); gradual filtering (2r at layer 1, r from layer 5) -0.085 / -0.024 [-0.052, 0.004];
+# selecting by that true deep deviation (an oracle) also beats random on KL yet not on greedy F1
+# (4 cases): the F1 difference is noise-dominated, not a wrong selection.
 SCORE = "v"
 SELECTION = Selection()
 

@@ -158,4 +158,9 @@ def test_curve_and_verdict_from_per_case_figures():
     stats["random_0.3"] = _stats([0.95 + w for w in wiggle], [1.0] * n)
     v = verdict(stats, curve)
     assert not v["selection_ge_random_every_r"] and v["selection_vs_random"]["0.3"]["f1_diff"][2] < 0
+    # the paired KL difference: ours closer to full prefill's next token than random at every case
+    stats["blend_0.3"]["kl"] = [0.05 + w / 10 for w in wiggle]
+    row = verdict(stats, curve)["selection_vs_random"]["0.3"]
+    assert row["kl_diff"][0] == pytest.approx(-0.05) and row["kl_diff"][2] < 0
+    assert row["random_kl"][0] == pytest.approx(0.1)
     assert method_names(0.15) == ("blend_0.15", "random_0.15") and method_names(0.0) == ("reuse_0", "reuse_0")
