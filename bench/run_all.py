@@ -104,7 +104,11 @@ BENCHES: dict[str, list[Figure]] = {
                 Figure("faults.node_lost.others_hit_rate_during", 0.9),
                 Figure("faults.node_partitioned.cut_puts_shared_after", None),
                 Figure("get_latency_by_link.s3.tbf_100mbit.s", None), Figure("get_latency_by_link.s3.rtt_20ms.s", None),
-                Figure("get_latency_by_link.redis.tbf_100mbit.s", None)],
+                Figure("get_latency_by_link.redis.tbf_100mbit.s", None),
+                # #25 item 4: engines on the nodes choose load or recompute from their own measurements
+                # of each link (bench/cluster/regret.py); regret against the measured best, 5 %
+                Figure("regret.wrong_outputs", 0, "=="),
+                *(Figure(f"regret_by_link.{link}", 0.05, "<=") for link in ("none", "tbf_100mbit", "rtt_20ms"))],
     # #23 part 3: the advisor against real engines and a real daemon (bench/advise/real.py): the hit ratio its
     # curve predicts at S/2, S, 2S against re-runs at those sizes. 0.1: about 3x the run-to-run gap of one
     # configuration run twice (real.repeat_abs_gap, 0.036 on 2 loaded cores), under half the curve's own step
