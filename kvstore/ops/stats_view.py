@@ -16,7 +16,8 @@ from kvstore.store.results import StoreStats, TierStats
 JSON_VERSION = 1
 TIER_KEYS = ("name", "used_bytes", "capacity_bytes", "blocks", "hits", "misses", "hit_ratio", "evictions",
              "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "available", "last_error",
-             "refused", "detaches", "attaches", "skipped_writes", "quota_spills")
+             "refused", "detaches", "attaches", "skipped_writes", "quota_spills", "replayed", "replay_dropped",
+             "replay_skipped")
 TENANT_KEYS = ("tier", "tenant", "used_bytes", "blocks", "quota_spills")
 TABLE_TENANTS = 10  # tenants the table shows per tier (the JSON has every one the daemon sent)
 
@@ -32,11 +33,12 @@ def _pct(ratio: float | None) -> str:
 
 def table(st: StoreStats) -> str:
     cols = ("tier", "used", "capacity", "blocks", "hits", "misses", "hit%", "evict", "spills", "promo", "dropped",
-            "errors", "refused", "state", "detach", "attach", "skipped")
+            "errors", "refused", "state", "detach", "attach", "skipped", "replayed")
     rows = [
         (t.name, format_size(t.used_bytes), format_size(t.capacity_bytes), t.blocks, t.hits, t.misses,
          _pct(hit_ratio(t)), t.evictions, t.spills, t.promotions, t.dropped, t.errors, t.refused,
-         "attached" if t.available else "DETACHED", t.detaches, t.attaches, t.skipped_writes)
+         "attached" if t.available else "DETACHED", t.detaches, t.attaches, t.skipped_writes,
+         t.replayed)
         for t in st.tiers
     ]  # fmt: skip
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
