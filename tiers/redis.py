@@ -265,7 +265,10 @@ class RedisTier(Tier):
                     yield bytes(k[n:]), 0
 
     def probe(self) -> None:
-        """PING (connecting a cluster client first); the first answer also checks the budget."""
+        """PING (connecting a cluster client first); the first answer also checks the budget.
+        A suspect reach gate checks at once (``eager``): the prober, not a request, waits on it."""
+        if (why := self._gate.refusal(eager=True)) is not None:
+            raise TierUnavailable(self.name, f"probe: cannot reach the server: {why}")
         self._cmd("ping")
         if not self._budget_checked:
             self._budget_checked = True

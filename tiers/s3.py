@@ -22,6 +22,8 @@ Why these choices:
 
 from __future__ import annotations
 
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -32,6 +34,7 @@ import botocore.exceptions as bce
 
 from tiers.base import Buffer, Tier
 from tiers.errors import BlockTooLarge, StoredValueTooLarge, TierAuthError, TierError, TierUnavailable
+from tiers.reach import any_reachable
 
 _UNREACHABLE = (
     bce.EndpointConnectionError,
@@ -99,6 +102,7 @@ class S3Tier(Tier):
             verify=ca_bundle or None,  # None: botocore's default bundle (or AWS_CA_BUNDLE)
         )
         self._workers = workers
+        self._connect_timeout_s = connect_timeout_s
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self._create_bucket = create_bucket
@@ -232,7 +236,10 @@ class S3Tier(Tier):
         return self._list()
 
     def probe(self) -> None:
-        """HEAD the bucket (creating it when missing, if the tier creates buckets)."""
+        """HEAD the bucket (creating it when missing, if the tier creates buckets), once a TCP
+        connect to the endpoint answers (``_unreachable``)."""
+        if (why := self._unreachable()) is not None:
+            raise TierUnavailable(self.name, f"probe: endpoint unreachable: {why}")
         if self._create_bucket:
             self._ensure_bucket()
             return
@@ -240,6 +247,23 @@ class S3Tier(Tier):
             self._call("head_bucket", self._client.head_bucket, Bucket=self.bucket)
         except bce.ClientError as e:
             raise TierError(self.name, f"bucket {self.bucket}: {e}") from e
+
+    def _unreachable(self) -> str | None:
+        """Why the endpoint cannot be reached now (None: a connect answered, or the endpoint is
+        reached through a proxy, which botocore's own call then tries). A detached tier's prober
+        calls this first: on a cut link it connects afresh every 0.1 s (tiers/reach.py), so a heal
+        is seen within that, where botocore's connect would wait for the kernel's SYN resend (1 s)
+        or its own retry."""
+        url = urllib.parse.urlsplit(self._client.meta.endpoint_url)
+        proxied = urllib.request.getproxies().get(url.scheme) and not urllib.request.proxy_bypass(url.hostname or "")
+        if not url.hostname or proxied:
+            return None
+        port = url.port or (443 if url.scheme == "https" else 80)
+        reach = any_reachable([(url.hostname, port)], self._connect_timeout_s)
+        if reach.answered:
+            return None
+        return f"no answer to a connect to {url.hostname}:{port} within {self._connect_timeout_s} s" if reach.waited \
+            else f"{url.hostname}:{port} refused the connect or has no route"
 
     def close(self) -> None:
         if self._closed:

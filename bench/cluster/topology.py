@@ -172,6 +172,15 @@ class Topology:
         """``tc qdisc show`` of the member's end of its link."""
         return netns.run(["tc", "-n", self.ns(member), "qdisc", "show", "dev", self.dev(member)]).stdout
 
+    def blackhole(self, member: str) -> None:
+        """Drop every packet on ``member``'s link, both ways, its carrier left up: a failure past
+        the node's own port (a switch, a router), unlike ``link_down``, whose carrier loss flushes
+        the node's neighbour table so that the heal waits for ARP's 1 s retransmit. A tbf whose
+        bucket holds no packet; ``clear_rate`` heals it."""
+        for ns, dev in self._link_ends(member):
+            netns.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "8bit", "burst", "1",
+                       "limit", "1"])
+
     def link_down(self, member: str) -> None:
         """Cut ``member`` off: its bridge port goes down, its packets are dropped."""
         netns.run(["ip", "-n", self.bridge_ns, "link", "set", self.port(member), "down"])

@@ -112,3 +112,30 @@ def test_missing_server_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
         pass
     with pytest.raises(servers.ServerError, match="weed not found"), servers.seaweedfs_s3():
         pass
+
+
+def test_s3_probe_connects_before_it_asks_and_answers_once_the_endpoint_does(
+        s3_endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detached S3 tier's probe first checks with a TCP connect (tiers/reach.py, which sees a
+    healed link within 0.1 s instead of at the kernel's 1 s SYN resend): while nothing answers it
+    fails without a request to the endpoint; once the connect answers, the HEAD decides."""
+    import tiers.s3 as s3mod
+    from tiers.reach import Reach
+
+    ep = s3_endpoint
+    prepare_bucket(ep, "tierkv-probe")
+    tier = S3Tier(ep.url, "tierkv-probe", 1 << 20, access_key=ep.access_key, secret_key=ep.secret_key)
+    asked: list[tuple[str, int]] = []
+
+    def cut(addresses, timeout_s):  # noqa: ANN001, ANN202 - any_reachable's signature
+        asked.extend(addresses)
+        return Reach(False, True)
+
+    monkeypatch.setattr(s3mod, "any_reachable", cut)
+    with pytest.raises(TierUnavailable, match="no answer to a connect"):
+        tier.probe()
+    host, port = ep.url.split("//")[1].split(":")
+    assert asked == [(host, int(port))]
+    monkeypatch.undo()
+    tier.probe()  # the real check answers: the HEAD of the bucket succeeds
+    tier.close()

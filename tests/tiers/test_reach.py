@@ -57,3 +57,43 @@ def test_gate_with_no_address_to_check_lets_the_call_try() -> None:
 def test_gate_rejects_bad_timeouts() -> None:
     with pytest.raises(ValueError):
         ReachGate(lambda: [], timeout_s=0, retry_after_s=0.5)
+
+
+def test_a_check_sees_a_link_healed_during_it_before_the_kernel_resends_its_syn(make_topology) -> None:
+    """node0's packets are dropped past its port (carrier up: a switch or router failing) and the
+    path comes back 0.3 s into a check of 0.9 s: the kernel would resend the first SYN only after
+    1 s, past the check, so only the check's own fresh connects see the healed path within it."""
+    import threading
+
+    topo = make_topology(nodes=1, services=("svc",))
+    with topo.entered("svc"):
+        srv = socket.create_server((topo.addr("svc"), 0))
+    with srv, topo.entered("node0"):
+        assert any_reachable([srv.getsockname()], timeout_s=0.9).answered
+        topo.blackhole("node0")
+        assert any_reachable([srv.getsockname()], timeout_s=0.3) == (False, True)  # dropped: waited out
+        healer = threading.Timer(0.3, topo.clear_rate, args=("node0",))
+        healer.start()
+        try:
+            reach = any_reachable([srv.getsockname()], timeout_s=0.9)
+        finally:
+            healer.join()
+        assert reach.answered, reach
+
+
+def test_an_eager_check_ignores_the_wait_after_a_timed_out_one(make_topology) -> None:
+    """After a check that waited out its timeout the gate refuses calls for ``retry_after_s``; the
+    prober of a detached tier checks anyway (``eager``), so a heal within that wait is seen."""
+    topo = make_topology(nodes=1, services=("svc",))
+    with topo.entered("svc"):
+        srv = socket.create_server((topo.addr("svc"), 0))
+    with srv, topo.entered("node0"):
+        gate = ReachGate(lambda: [srv.getsockname()], timeout_s=0.3, retry_after_s=60.0)
+        assert any_reachable([srv.getsockname()], timeout_s=0.9).answered  # the neighbour known: no ARP
+        topo.blackhole("node0")
+        gate.suspect()
+        assert "within 0.3 s" in (gate.refusal() or "")  # waited out
+        topo.clear_rate("node0")
+        assert "ago" in (gate.refusal() or "")  # a call is refused for retry_after_s
+        assert gate.refusal(eager=True) is None  # the prober checks, and finds it back
+        assert gate.refusal() is None
