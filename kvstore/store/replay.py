@@ -6,6 +6,12 @@ other nodes still could not find those blocks there. So a level other nodes read
 ``write_through``: it is meant to hold every put) remembers each key whose write it skipped: the
 key only, never the bytes (the block stays where it was put and is read from there at replay),
 at most ``max_keys`` of them; past that the oldest key is dropped (counted, ``replay_dropped``).
+A write that failed is remembered too: the errors that detach a tier are writes that never
+reached it (a write failing while the tier stays attached waits for its next attach). Until the
+replay, the level above keeps such a block over the others when it must evict
+(``Level.unreplicated``): evicted while the tier below is detached, it could land nowhere, and
+bench.cluster's partitioned node had evicted every block it put while cut off before its link
+came back.
 
 When the prober attaches the tier again it hands the backlog to the spill worker
 (kvstore/store/spiller.py), which replays it a batch at a time between its other jobs: for each

@@ -130,6 +130,8 @@ class Spiller:
             for vkey, _ in victims:
                 self._evict_lower(i, vkey)
             if not self._write(i, lv, job):
+                with self._c.lock:  # failed (the tier may detach on it): replayed at its next attach
+                    lv.remember(job.key)
                 continue
             with self._c.lock:
                 if self._still_wanted(job):

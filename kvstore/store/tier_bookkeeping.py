@@ -34,6 +34,7 @@ every tenant is within its share.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvstore.store.breaker import Breaker
@@ -45,6 +46,8 @@ from tiers.base import Tier
 from tiers.errors import TierFull, TierUnavailable
 
 log = logging.getLogger(__name__)
+
+KEEP_TURNS = 256  # unreplicated candidates passed over per pick_victims call, at most (then evicted anyway)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class Level:
     last_error: str = ""
     eviction: EvictionPolicy = field(init=False)
     tenants: TenantUsage = field(init=False)
+    # whether a block here is waiting in a lower level's replay backlog (its copy there was
+    # skipped): evicted after every other candidate (``pick_victims``); set by the store
+    unreplicated: Callable[[bytes], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.quota < 0:
@@ -174,9 +180,16 @@ class Level:
         self.leaving_bytes += vsize
 
     def pick_victims(self, size: int) -> list[tuple[bytes, int]]:
-        """Mark victims as leaving until ``size`` more bytes fit. They stay readable meanwhile."""
+        """Mark victims as leaving until ``size`` more bytes fit. They stay readable meanwhile.
+
+        A candidate the policy names that is ``unreplicated`` (a shared tier below skipped its
+        copy while detached: evicted now, with that tier still detached, it may have nowhere to
+        go, and the replay at the reattach would find nothing) is given another turn (an access)
+        while other candidates remain, up to ``KEEP_TURNS`` per call: bench.cluster's partitioned
+        node evicted every block it put while cut off before its link came back."""
         out: list[tuple[bytes, int]] = []
         fair = _FairShare(self) if self.options.fair_share else None
+        turns = min(KEEP_TURNS, len(self.index)) if self.unreplicated is not None else 0
         while self.used - self.leaving_bytes + size > self.capacity:
             if fair is not None and (pick := fair.victim()) is not None:
                 self._mark_leaving(*pick)
@@ -186,6 +199,10 @@ class Level:
             key = self.eviction.victim()
             if key is None:
                 break
+            if turns > 0 and key in self.index and key not in self.leaving and self.unreplicated(key):  # type: ignore[misc]
+                turns -= 1
+                self.eviction.on_access(key)
+                continue
             self.eviction.on_remove(key)
             vsize = self.index.get(key)
             if vsize is None or key in self.leaving:

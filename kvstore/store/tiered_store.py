@@ -109,8 +109,11 @@ class TieredStore:
         self._hits = self._state.hits
         self._closed = False
         self.access: AccessObserver | None = None  # set while a trace runs (kvstore/ops/trace.py)
-        for lv in self.levels:
+        for i, lv in enumerate(self.levels):
             lv.start()
+            below = [low for low in self.levels[i + 1:] if low.replays]
+            if below:  # a block whose copy below was skipped is evicted last (Level.pick_victims)
+                lv.unreplicated = lambda key, below=below: any(key in low.backlog for low in below)  # type: ignore[misc]
         self._top = TopWriter(self._state)
         self._spill = Spiller(self._state, spill_queue_bytes, spill_put_timeout_s)
         self._state.prober.on_attach = self._spill.replay  # a reattached level's skipped writes

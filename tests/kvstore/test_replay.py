@@ -101,6 +101,49 @@ def test_a_block_put_while_the_shared_tier_was_detached_is_written_there_once_it
         assert _held(down_redis.url, [3]) == [3] and s.stats().tiers[1].replayed == 3
 
 
+def _up_then_down(s: TieredStore, server: RedisServer, clean: list[int], dirty: list[int]) -> None:
+    """``clean`` put while redis answers (written through), then redis stopped and ``dirty`` put:
+    their write-throughs fail, and the third failure detaches redis (no write is *skipped*)."""
+    wait_for(lambda: s.stats().tiers[1].available, "the store to attach redis")
+    for i in clean:
+        s.put(_k(i), _v(i))
+    assert s.flush(30.0) and _held(server.url, clean) == clean
+    server.stop()
+    for i in dirty:
+        s.put(_k(i), _v(i))
+        assert s.flush(30.0)
+    st = s.stats().tiers[1]
+    assert not st.available and st.errors >= 3 and st.skipped_writes == 0, st
+
+
+def test_writes_that_failed_as_the_tier_went_down_are_replayed_too(down_redis: RedisServer) -> None:
+    """The errors that detach a tier are writes that never reached it: replayed like skipped ones."""
+    down_redis.start()
+    with _store(down_redis.url) as s:
+        _up_then_down(s, down_redis, [9], [0, 1, 2])
+        _attached(s, down_redis)
+        assert _held(down_redis.url, [0, 1, 2]) == [0, 1, 2]
+        assert s.stats().tiers[1].replayed == 3
+
+
+def test_a_block_waiting_for_its_replay_is_evicted_after_the_others(down_redis: RedisServer) -> None:
+    """The cpu tier is full of two blocks redis holds and three it does not (their write-throughs
+    failed), the latter least recently used: two more puts evict the two redis holds, so all five
+    unreplicated blocks are still there to replay (evicted, they would have had nowhere to go)."""
+    down_redis.start()
+    with _store(down_redis.url, cpu_blocks=5) as s:
+        _up_then_down(s, down_redis, [0, 1], [2, 3, 4])
+        assert s.get(_k(0)) == _v(0) and s.get(_k(1)) == _v(1)  # the clean ones used last
+        for i in (5, 6):
+            s.put(_k(i), _v(i))
+        assert s.flush(30.0)
+        assert [s.lookup([_k(i)]).tiers[0] for i in range(7)] == [None, None, *["cpu"] * 5]
+        _attached(s, down_redis)
+        assert _held(down_redis.url, list(range(2, 7))) == [2, 3, 4, 5, 6]
+        st = s.stats().tiers[1]
+        assert st.replayed == 5 and st.replay_skipped == 0
+
+
 def test_a_full_backlog_drops_the_oldest_key_and_counts_it(down_redis: RedisServer) -> None:
     with _store(down_redis.url, replay_backlog_keys=2) as s:
         for i in range(4):
