@@ -67,7 +67,15 @@ def test_tls_to_the_daemon_and_to_the_shared_tiers() -> None:
     cmd = c["command"]
     for flag in ("--tls-cert", "--tls-key"):
         assert _mounted_secret(spec, c, cmd[cmd.index(flag) + 1]) == "tierkv-kvstore-tls"
-    assert "--no-stream" in cmd  # the raw Get channel: off here (it would need its own Service port; TLS when on)
+    # the raw Get channel: on (TLS, as gRPC is), on a fixed port the Service and the NetworkPolicy
+    # expose under the same number (the client dials the port OpenStream names)
+    assert "--no-stream" not in cmd
+    port = int(cmd[cmd.index("--stream-port") + 1])
+    assert {"name": "stream", "containerPort": port} in c["ports"]
+    (svc,) = manifests("Service", "tierkv-kvstore")
+    assert {"name": "stream", "port": port, "targetPort": "stream"} in svc["spec"]["ports"]
+    (netpol,) = manifests("NetworkPolicy", "tierkv-kvstore")
+    assert any({"port": port, "protocol": "TCP"} in rule["ports"] for rule in netpol["spec"]["ingress"])
     tiers = {t["kind"]: t for t in _cm()["tiers"]}
     assert tiers["redis"]["url"].startswith("rediss://") and tiers["s3"]["endpoint"].startswith("https://")
     for kind in ("redis", "s3"):
@@ -104,7 +112,8 @@ def test_metrics_on_the_pod_ip_behind_a_network_policy() -> None:
         assert rule.get("from"), "a rule open to every source"
         for p in rule["ports"]:
             allowed.setdefault(int(p["port"]), []).extend(rule["from"])
-    assert set(allowed) == {50051, int(port)}
+    assert set(allowed) == {50051, 50052, int(port)}  # gRPC, the raw Get channel, /metrics
+    assert allowed[50052] == allowed[50051]  # the same clients on both daemon ports
     clients = {tuple(sorted(f["podSelector"]["matchLabels"].items())) for f in allowed[50051]}
     for name in ("tierkv-engine", "tierkv-vllm"):
         (dep,) = manifests("Deployment", name)
