@@ -42,7 +42,7 @@ class Request:
 # 6-block chat requests at once) at 1 req/s, with 36 users / 36 documents. Why not smaller: with a
 # 14-block pool at 0.5 req/s (about two requests at once) the measured TTFT gap between any offload
 # and the ideal (400 blocks) was queueing for room in the pool, equal for vLLM with and without
-# tierkv (bench/results/vllm_quick.json, 3d3c84f: queue 0.084 s vs 0.081 s vs the ideal's 0; the
+# tierkv (bench/results/vllm_quick_pool14.json, 3d3c84f: queue 0.084 s vs 0.081 s vs the ideal's 0; the
 # prefill with tierkv equal to the ideal's); with 8-block requests in a 12-block pool, one request at
 # a time, tierkv_cpu was 1.75x / 3.3x the ideal's mean TTFT for the same reason. No offload removes
 # queueing for pool room, so that setting measures the pool size, not the connector. The sizes are
