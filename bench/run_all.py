@@ -94,7 +94,7 @@ BENCHES: dict[str, list[Figure]] = {
     # back within 2 rounds of the heal (recovery_s, its median over the repeats, is reported)
     "cluster": [Figure("nodes", 3), Figure("cross_node_hit_rate", 0.9), Figure("cross_node.wrong", 0, "=="),
                 Figure("cross_node.s3_only.hits", None),
-                *(f for name in ("redis_master_killed", "node_partitioned", "s3_slow", "node_lost",
+                *(f for name in ("redis_master_killed", "node_partitioned", "node_blackholed", "s3_slow", "node_lost",
                                  "daemon_restarted_smaller")
                   for f in (Figure(f"faults.{name}.wrong_outputs", 0, "=="),
                             Figure(f"faults.{name}.client_errors", None),
@@ -103,6 +103,7 @@ BENCHES: dict[str, list[Figure]] = {
                 Figure("faults.redis_master_killed.redis_serving_again_s", None),
                 Figure("faults.node_lost.others_hit_rate_during", 0.9),
                 Figure("faults.node_partitioned.cut_puts_shared_after", None),
+                Figure("faults.node_blackholed.cut_puts_shared_after", None),
                 Figure("get_latency_by_link.s3.tbf_100mbit.s", None), Figure("get_latency_by_link.s3.rtt_20ms.s", None),
                 Figure("get_latency_by_link.redis.tbf_100mbit.s", None),
                 # #25 item 4: engines on the nodes choose load or recompute from their own measurements

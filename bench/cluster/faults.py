@@ -14,6 +14,12 @@ on until a round is clean on every node, so the next fault starts from a working
   link up to the end of its first round reading another node's blocks whole;
   ``cut_puts_shared_after``: the share of the blocks it put while cut off that another node finds
   once it is back.
+- ``node_blackholed``: the same node cut off the other way, every packet of its link dropped with
+  its carrier up (a switch or router failing, ``Topology.blackhole``), then let through again. A
+  link taken down loses its carrier, which flushes the node's neighbour table: after the heal
+  nothing reaches the others before ARP's own retransmit, up to 1 s later (measured 1.0 s
+  whatever the cut's length), so node_partitioned's recovery has that floor under it and this
+  one shows the daemon's own.
 - ``s3_slow``: S3's link shaped with tbf (both directions) for ``during`` rounds, then cleared;
   ``recovery_s``: cleared to the first round every node reads whole (reads are served from Redis
   first, so a slow S3 shows in the puts' write-through, ``round_s``).
@@ -155,8 +161,19 @@ def _until_redis_serves(d: Driver, t_kill: float, out: dict[str, object], limit_
 def node_partitioned(d: Driver) -> dict[str, object]:
     node = len(d.h.nodes) - 1
     name = d.h.nodes[node]
+    return _cut(d, node, lambda: d.h.topo.link_down(name), lambda: d.h.topo.link_up(name))
+
+
+def node_blackholed(d: Driver) -> dict[str, object]:
+    node = len(d.h.nodes) - 1
+    name = d.h.nodes[node]
+    return _cut(d, node, lambda: d.h.topo.blackhole(name), lambda: d.h.topo.clear_rate(name))
+
+
+def _cut(d: Driver, node: int, inject: Callable[[], None], heal: Callable[[], None]) -> dict[str, object]:
+    name = d.h.nodes[node]
     first = d.r + 1
-    out = d.run(lambda: d.h.topo.link_down(name), lambda: d.h.topo.link_up(name), [node])
+    out = d.run(inject, heal, [node])
     out["node"] = name
     out["cut_puts_shared_after"] = _shared_later(d, node, range(first, first + int(out["rounds_during"])))  # type: ignore[call-overload]
     return out
@@ -248,5 +265,6 @@ def repeated(fault: Callable[[Driver], dict[str, object]], d: Driver) -> dict[st
 
 
 FAULTS: dict[str, Callable[[Driver], dict[str, object]]] = {
-    "redis_master_killed": redis_master_killed, "node_partitioned": node_partitioned, "s3_slow": s3_slow,
+    "redis_master_killed": redis_master_killed, "node_partitioned": node_partitioned,
+    "node_blackholed": node_blackholed, "s3_slow": s3_slow,
     "node_lost": node_lost, "daemon_restarted_smaller": daemon_restarted_smaller}
