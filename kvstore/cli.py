@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
-import time
+import threading
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
@@ -47,9 +48,16 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None,
     """Print the daemon's stats once, or every ``watch_s`` seconds until Ctrl-C (exit 0)."""
     from kvstore.client.client import KVStoreClient
 
-    with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
-        try:
-            while True:
+    stop = threading.Event()
+    if watch_s and threading.current_thread() is threading.main_thread():
+        # Ctrl-C ends the loop between refreshes: a KeyboardInterrupt raised inside a gRPC call or
+        # the channel's close could leave the process hanging instead of exiting
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    else:
+        previous = None
+    try:
+        with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
+            while not stop.is_set():
                 st = c.stats()
                 if as_json:
                     print(stats_view.as_json(st, address), flush=True)
@@ -57,13 +65,16 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None,
                     if watch_s and sys.stdout.isatty():
                         print("\033[H\033[2J", end="")  # clear the screen between refreshes
                     print(stats_view.table(st), flush=True)
-                if not watch_s:
+                if not watch_s or stop.wait(watch_s):
                     return 0
-                time.sleep(watch_s)
                 if not as_json:
                     print(flush=True)
-        except KeyboardInterrupt:
             return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def check_health(address: str, deadline_s: float, auth: ClientAuth | None = None) -> int:
