@@ -57,7 +57,7 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None,
         previous = None
     try:
         with KVStoreClient(address, deadline_s=deadline_s, use_shm=False, auth=auth) as c:
-            while not stop.is_set():
+            while True:
                 st = c.stats()
                 if as_json:
                     print(stats_view.as_json(st, address), flush=True)
@@ -69,7 +69,6 @@ def print_stats(address: str, deadline_s: float, auth: ClientAuth | None = None,
                     return 0
                 if not as_json:
                     print(flush=True)
-            return 0
     except KeyboardInterrupt:
         return 0
     finally:

@@ -41,9 +41,9 @@ def any_reachable(addresses: Sequence[tuple[str, int]], timeout_s: float, resend
 
     While connects are left unanswered (a cut link drops the SYN), fresh ones are started every
     ``resend_s``: the kernel resends a dropped SYN only after a second, so a link healed during
-    the check would otherwise be seen only then, or at the next check, ``retry_after_s`` later.
-    Measured in bench.cluster's partition: the cut node read the others' blocks again 4 rounds
-    (1.0-1.3 s) after its link came back."""
+    the check would otherwise be seen only then, or at the next check, ``retry_after_s`` later
+    (tests/tiers/test_reach.py; bench.cluster's node_blackholed reads again in the first round
+    after the heal)."""
     deadline = time.monotonic() + timeout_s
     sel = selectors.DefaultSelector()
     socks: list[socket.socket] = []

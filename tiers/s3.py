@@ -262,8 +262,9 @@ class S3Tier(Tier):
         reach = any_reachable([(url.hostname, port)], self._connect_timeout_s)
         if reach.answered:
             return None
-        return f"no answer to a connect to {url.hostname}:{port} within {self._connect_timeout_s} s" if reach.waited \
-            else f"{url.hostname}:{port} refused the connect or has no route"
+        if reach.waited:
+            return f"no answer to a connect to {url.hostname}:{port} within {self._connect_timeout_s} s"
+        return f"{url.hostname}:{port} refused the connect or has no route"
 
     def close(self) -> None:
         if self._closed:

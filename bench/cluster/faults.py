@@ -159,21 +159,19 @@ def _until_redis_serves(d: Driver, t_kill: float, out: dict[str, object], limit_
 
 
 def node_partitioned(d: Driver) -> dict[str, object]:
-    node = len(d.h.nodes) - 1
-    name = d.h.nodes[node]
-    return _cut(d, node, lambda: d.h.topo.link_down(name), lambda: d.h.topo.link_up(name))
+    return _cut(d, d.h.topo.link_down, d.h.topo.link_up)
 
 
 def node_blackholed(d: Driver) -> dict[str, object]:
+    return _cut(d, d.h.topo.blackhole, d.h.topo.clear_rate)
+
+
+def _cut(d: Driver, inject: Callable[[str], None], heal: Callable[[str], None]) -> dict[str, object]:
+    """The last node cut off by ``inject(its name)``, then ``heal(its name)``."""
     node = len(d.h.nodes) - 1
     name = d.h.nodes[node]
-    return _cut(d, node, lambda: d.h.topo.blackhole(name), lambda: d.h.topo.clear_rate(name))
-
-
-def _cut(d: Driver, node: int, inject: Callable[[], None], heal: Callable[[], None]) -> dict[str, object]:
-    name = d.h.nodes[node]
     first = d.r + 1
-    out = d.run(inject, heal, [node])
+    out = d.run(lambda: inject(name), lambda: heal(name), [node])
     out["node"] = name
     out["cut_puts_shared_after"] = _shared_later(d, node, range(first, first + int(out["rounds_during"])))  # type: ignore[call-overload]
     return out
