@@ -24,6 +24,8 @@ _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 DOCUMENTS_PLUGIN = "cacheblend"
 #: the bounds on what one API client may ask (engine/limits.py), one integer flag each
 LIMIT_FLAGS = {"max_waiting": "API requests in flight beyond --max-num-seqs; past it: 429",
+               "max_tenant_in_flight": "API requests one tenant may have in flight; past it: 429 for that tenant "
+                                       "only (0 = half of --max-num-seqs + --max-waiting with --api-keys)",
                "max_stop_strings": "stop strings per request", "max_stop_chars": "characters of one stop string",
                "max_stop_token_ids": "stop_token_ids per request",
                "max_prompt_chars": "characters of a text prompt before tokenising (0 = 16 per token of context)",

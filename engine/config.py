@@ -33,6 +33,8 @@ class EngineConfig:
     api_keys_file: str = ""  # YAML API key -> tenant: /v1/* need a key, whose tenant is the request's (engine/tenancy.py)
     # what one API client may ask (engine/limits.py): past a bound, a 400 (429 for max_waiting)
     max_waiting: int = 256  # API requests in flight beyond max_num_seqs (tokenising or queued)
+    # of those, what one tenant may hold; 0 = half of them with API keys (several tenants), all without
+    max_tenant_in_flight: int = 0
     max_stop_strings: int = 8
     max_stop_chars: int = 256  # characters of one stop string
     max_stop_token_ids: int = 64
@@ -62,7 +64,7 @@ class EngineConfig:
             if self.api_keys_file:
                 raise ValueError("tenant names the one tenant of an engine without API keys; with api_keys_file "
                                  "each key names its tenant")
-        for name in ("max_waiting", "max_stop_strings", "max_stop_token_ids", "max_prompt_chars", "max_body_bytes"):
+        for name in ("max_waiting", "max_tenant_in_flight", "max_stop_strings", "max_stop_token_ids", "max_prompt_chars", "max_body_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_stop_chars", "max_salt_bytes"):

@@ -5,7 +5,9 @@ Every input a client controls has a bound, so no single request can cost the oth
 checker's work per token grows with them), how many stop token ids, how long a ``cache_salt`` is,
 how many characters a text prompt has before it is tokenised (tokenising costs ~1 s per MiB), and
 how many requests are in flight at once (``InFlight``: past ``max_num_seqs + max_waiting`` a
-request is answered 429 at once instead of joining an unbounded queue). The prompt's length in
+request is answered 429 at once instead of joining an unbounded queue), and how many of them one
+tenant holds (``max_tenant_in_flight``: a tenant that floods is refused 429 itself while the others
+still get in, instead of filling every place and locking them out). The prompt's length in
 tokens is bounded by the context (engine/scheduler.py ``check_fits``), and so is ``max_tokens``.
 """
 
@@ -81,36 +83,65 @@ def check_prompt_tokens(max_model_len: int, n: int) -> None:
                                  f"{max_model_len}", "prompt")
 
 
+def tenant_in_flight(cfg: EngineConfig, several_tenants: bool) -> int:
+    """What one tenant may hold of the ``max_num_seqs + max_waiting`` places (``max_tenant_in_flight``;
+    0: half of them when API keys bring several tenants, all of them for an engine's one tenant)."""
+    capacity = cfg.max_num_seqs + cfg.max_waiting
+    if cfg.max_tenant_in_flight:
+        return min(cfg.max_tenant_in_flight, capacity)
+    return max(1, capacity // 2) if several_tenants else capacity
+
+
 class Slot:
     """One request's place among those in flight; ``release`` is idempotent."""
 
-    __slots__ = ("_owner",)
+    __slots__ = ("_owner", "_tenant")
 
-    def __init__(self, owner: InFlight) -> None:
+    def __init__(self, owner: InFlight, tenant: str) -> None:
         self._owner: InFlight | None = owner
+        self._tenant = tenant
 
     def release(self) -> None:
         if self._owner is not None:
-            self._owner.count -= 1
-            self._owner.on_change(self._owner.count)
+            self._owner._leave(self._tenant)
             self._owner = None
 
 
 class InFlight:
     """API requests accepted and not yet finished (tokenising, queued, loading or running), at most
-    ``capacity``; ``on_change(count)`` after each change (a gauge). Used from the event loop only."""
+    ``capacity``, and at most ``per_tenant`` of one tenant; ``on_change(count)`` after each change (a
+    gauge). Used from the event loop only."""
 
-    def __init__(self, capacity: int, on_change: Callable[[int], object] = lambda _: None) -> None:
+    def __init__(self, capacity: int, on_change: Callable[[int], object] = lambda _: None,
+                 per_tenant: int | None = None) -> None:  # fmt: skip
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity}")
+        if per_tenant is not None and per_tenant <= 0:
+            raise ValueError(f"per_tenant must be > 0, got {per_tenant}")
         self.capacity = capacity
+        self.per_tenant = capacity if per_tenant is None else min(per_tenant, capacity)
         self.count = 0
+        self.by_tenant: dict[str, int] = {}  # only tenants with a request in flight: bounded by capacity
         self.on_change = on_change
 
-    def enter(self) -> Slot:
+    def enter(self, tenant: str = "") -> Slot:
         if self.count >= self.capacity:
             raise OverloadedError(f"the server has {self.count} requests in flight, as many as it takes; "
                                   "retry later")
+        held = self.by_tenant.get(tenant, 0)
+        if held >= self.per_tenant:
+            raise OverloadedError(f"this API key's tenant has {held} requests in flight, its share of the "
+                                  "server; retry later")
+        self.by_tenant[tenant] = held + 1
         self.count += 1
         self.on_change(self.count)
-        return Slot(self)
+        return Slot(self, tenant)
+
+    def _leave(self, tenant: str) -> None:
+        held = self.by_tenant[tenant] - 1
+        if held:
+            self.by_tenant[tenant] = held
+        else:
+            del self.by_tenant[tenant]
+        self.count -= 1
+        self.on_change(self.count)

@@ -15,6 +15,8 @@ One client cannot stall the others (engine/limits.py): every bounded input is ch
 work; prompts are tokenised (and chat templates rendered) on a small thread pool, never on the event
 loop that answers /health; and past ``max_num_seqs + max_waiting`` requests in flight a completion
 request is answered 429 (503 once the engine loop died) with ``Retry-After`` before its body is read.
+A response that starts before its request's body was read closes the connection (``_CloseUnread``):
+the server never reads a refused body to its end.
 """
 
 from __future__ import annotations
@@ -61,10 +63,34 @@ def _error(status: int, message: str, etype: str = "invalid_request_error", para
                         content={"error": {"message": message, "type": etype, "param": param, "code": None}})
 
 
+class _ApiKeys:
+    """ASGI middleware: every path but ``OPEN_PATHS`` (deny by default: /v1/*, and FastAPI's /docs
+    too) needs ``Authorization: Bearer KEY`` of a known key, else 401 before anything else; the key's
+    tenant goes into the request's state (``request.state.tenant``). Plain ASGI, not
+    ``@app.middleware``: that one runs each request, and each streamed chunk, through extra tasks and
+    queues on the event loop that also serves everyone else."""
+
+    def __init__(self, app: ASGIApp, api_keys: ApiKeys) -> None:
+        self.app, self.api_keys = app, api_keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        auth = next((v for k, v in scope.get("headers") or () if k == b"authorization"), None)
+        found = self.api_keys.tenant(auth.decode("latin-1") if auth is not None else None)
+        if found is None:
+            resp = _error(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
+                          etype="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+            return await resp(scope, receive, send)
+        scope.setdefault("state", {})["tenant"] = found
+        await self.app(scope, receive, send)
+
+
 class _InFlightLimit:
     """ASGI middleware: a completion request holds a place among those in flight (``limits.InFlight``)
     from its first byte until its response has ended, streamed or not, or its client went away. Past
-    the cap it is answered 429 at once, its body unread; once the engine loop died, 503."""
+    the cap, or past its tenant's share of it, it is answered 429 at once, its body unread; once the
+    engine loop died, 503."""
 
     def __init__(self, app: ASGIApp, aengine: AsyncEngine, in_flight: limits.InFlight) -> None:
         self.app, self.aengine, self.in_flight = app, aengine, in_flight
@@ -75,7 +101,7 @@ class _InFlightLimit:
         try:
             if self.aengine.dead is not None:
                 raise EngineDeadError(f"engine loop died: {self.aengine.dead!r}")
-            slot = self.in_flight.enter()
+            slot = self.in_flight.enter(scope.get("state", {}).get("tenant", ""))
         except OverloadedError as e:
             self.aengine.metrics.api_overloaded.inc()
             return await _error(429, str(e), etype="rate_limit_error", headers=RETRY_AFTER)(scope, receive, send)
@@ -85,6 +111,54 @@ class _InFlightLimit:
             await self.app(scope, receive, send)
         finally:
             slot.release()
+
+
+class _CloseUnread:
+    """ASGI middleware, outside everything: a response that starts before its request's body was read
+    to the end (a 413, a 401 or a 429 before the body, a handler that did not need it) says
+    ``connection: close``, so the server closes the connection instead of reading the rest to find the
+    next request; and a body whose Content-Length is past ``max_body`` is answered 413 here, before
+    any other middleware or the routing spends time on it. Why both: the HTTP side shares one
+    interpreter with the step loop, so the time it spends on refused requests is taken from decoding.
+    uvicorn drained every refused body (16 MB bodies refused one after another had the engine read
+    1.7 GB/s) and each refusal went through the whole stack first; bench.soak ``dos.stop_strings``
+    measured a streaming client's inter-token gaps doubled."""
+
+    def __init__(self, app: ASGIApp, max_body: int) -> None:
+        self.app, self.max_body = app, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or ())
+        declared = headers.get(b"content-length", b"").strip()
+        if declared.isdigit() and int(declared) > self.max_body:
+            resp = _error(413, f"Content Too Large: the body has {int(declared)} bytes, at most {self.max_body} "
+                               "are accepted", headers={"connection": "close"})  # fmt: skip
+            return await resp(scope, receive, send)
+        unread = [headers.get(b"transfer-encoding", b"").lower() == b"chunked" or declared not in (b"", b"0")]
+
+        async def tracked() -> Any:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                unread[0] = False
+            return message
+
+        async def closing(message: Any) -> None:
+            if message["type"] == "http.response.start" and unread[0]:
+                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, tracked, closing)
+
+
+class _App(FastAPI):
+    """FastAPI with ``_CloseUnread`` outside everything, FastAPI's own body limit (chunked bodies'
+    413) included."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        assert self.max_body_size is not None
+        return _CloseUnread(super().build_middleware_stack(), self.max_body_size)
 
 
 def _usage(out: RequestOutput) -> dict[str, Any]:
@@ -141,9 +215,12 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
         pool.shutdown(wait=False, cancel_futures=True)
 
     body_bound = max_body_bytes if max_body_bytes is not None else limits.body_bytes_limit(cfg, eng.max_model_len)
-    app = FastAPI(title="tierkv engine", max_body_size=body_bound, lifespan=lifespan)
-    app.add_middleware(_InFlightLimit, aengine=aengine,  # type: ignore[arg-type]
-                       in_flight=limits.InFlight(cfg.max_num_seqs + cfg.max_waiting, aengine.metrics.api_in_flight.set))
+    app = _App(title="tierkv engine", max_body_size=body_bound, lifespan=lifespan)
+    in_flight = limits.InFlight(cfg.max_num_seqs + cfg.max_waiting, aengine.metrics.api_in_flight.set,
+                                per_tenant=limits.tenant_in_flight(cfg, api_keys is not None))  # fmt: skip
+    app.add_middleware(_InFlightLimit, aengine=aengine, in_flight=in_flight)  # type: ignore[arg-type]
+    if api_keys is not None:  # outside the in-flight limit: a request's share is its key's tenant's
+        app.add_middleware(_ApiKeys, api_keys=api_keys)  # type: ignore[arg-type]
     created = int(time.time())
 
     @app.exception_handler(RequestValidationError)
@@ -160,19 +237,6 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
     @app.exception_handler(EngineDeadError)
     async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
         return _error(503, str(exc), etype="server_error", headers=RETRY_AFTER)
-
-    if api_keys is not None:
-        @app.middleware("http")
-        async def _api_key(http: Request, call_next: Callable[[Request], Any]) -> Any:
-            if http.url.path not in OPEN_PATHS:  # deny by default: /v1/*, and FastAPI's /docs too
-                found = api_keys.tenant(http.headers.get("authorization"))
-                if found is None:
-                    resp = _error(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
-                                  etype="authentication_error")
-                    resp.headers["WWW-Authenticate"] = "Bearer"
-                    return resp
-                http.state.tenant = found
-            return await call_next(http)
 
     def _salt(http: Request, body_salt: str | None) -> str | None:
         """The request's scope: its tenant's (its key's, else the server's), sub-divided by the body's salt."""

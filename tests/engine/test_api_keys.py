@@ -130,3 +130,62 @@ def test_the_keys_file_is_checked_in_one_line(tmp_path: Path, capsys: pytest.Cap
     assert cli_main(["serve", "--tenant", "no spaces", "--check-config"]) == 2
     with pytest.raises(ValueError, match="not a tenant name"):
         EngineConfig(tenant="_leading")
+
+
+def test_a_tenant_past_its_share_gets_429_and_the_others_still_get_in(tiny) -> None:
+    """One running place and three waiting: a tenant holds at most half of them (``max_tenant_in_flight``
+    0, with API keys). Without the share acme's third request took a place too, and a fourth the last:
+    globex was then refused 429 by a flood that was not its own."""
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from bench.servers import LOOPBACK, free_port
+
+    aengine = AsyncEngine(make_engine(tiny, max_num_seqs=1, max_waiting=3))  # not started: nothing finishes
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(aengine, "tiny", api_keys=ApiKeys({KEY_A: "acme", KEY_B: "globex"})),
+                                           host=LOOPBACK, port=port, log_level="warning"))  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://{LOOPBACK}:{port}"
+    long = {"prompt": IDS, "max_tokens": 8, "stream": True}
+    try:
+        while not server.started:
+            thread.join(0.05)
+        with httpx.Client(base_url=base, timeout=60) as a1, httpx.Client(base_url=base, timeout=60) as a2, \
+                httpx.Client(base_url=base, timeout=60) as b:
+            auth_a, auth_b = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
+            with a1.stream("POST", "/v1/completions", json=long, headers=auth_a) as r1, \
+                    a2.stream("POST", "/v1/completions", json=long, headers=auth_a) as r2:
+                assert r1.status_code == 200 and r2.status_code == 200
+                r3 = httpx.post(base + "/v1/completions", json=long, headers=auth_a, timeout=60)
+                assert r3.status_code == 429 and r3.headers["retry-after"] == "1", r3.text
+                assert "its share" in r3.json()["error"]["message"]
+                with b.stream("POST", "/v1/completions", json=long, headers=auth_b) as rb:
+                    assert rb.status_code == 200  # globex's place was kept
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_in_flight_counts_each_tenant_and_forgets_the_idle_ones() -> None:
+    from engine.errors import OverloadedError
+    from engine.limits import InFlight, tenant_in_flight
+
+    seen: list[int] = []
+    f = InFlight(4, seen.append, per_tenant=2)
+    a1, a2 = f.enter("acme"), f.enter("acme")
+    with pytest.raises(OverloadedError, match="its share"):
+        f.enter("acme")
+    b1, b2 = f.enter("globex"), f.enter("globex")
+    with pytest.raises(OverloadedError, match="as many as it takes"):
+        f.enter("initech")
+    for s in (a1, a2, a2, b1, b2):  # release is idempotent
+        s.release()
+    assert f.count == 0 and f.by_tenant == {} and seen == [1, 2, 3, 4, 3, 2, 1, 0]
+    assert tenant_in_flight(EngineConfig(max_num_seqs=4, max_waiting=12), several_tenants=True) == 8
+    assert tenant_in_flight(EngineConfig(max_num_seqs=4, max_waiting=12), several_tenants=False) == 16
+    assert tenant_in_flight(EngineConfig(max_num_seqs=4, max_waiting=12, max_tenant_in_flight=3), True) == 3
+    assert tenant_in_flight(EngineConfig(max_num_seqs=1, max_waiting=0), several_tenants=True) == 1
