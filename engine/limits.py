@@ -13,6 +13,8 @@ tokens is bounded by the context (engine/scheduler.py ``check_fits``), and so is
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from engine.config import EngineConfig
@@ -30,6 +32,8 @@ PROMPT_CHARS_PER_TOKEN = 16
 BODY_BYTES_PER_TOKEN = 128
 MIN_BODY_BYTES = 1 << 20
 MAX_BODY_BYTES = 16 << 20  # the derived bound's ceiling (a 128k-token context); max_body_bytes may set more
+#: a request of a tenant at its share waits this long at the door for a place its tenant gives back
+DOOR_WAIT_S = 30.0
 
 
 def check_stop(cfg: EngineConfig, stop: Sequence[str], stop_token_ids: Sequence[int]) -> None:
@@ -123,21 +127,70 @@ class InFlight:
         self.count = 0
         self.by_tenant: dict[str, int] = {}  # only tenants with a request in flight: bounded by capacity
         self.on_change = on_change
+        #: tenant -> requests waiting for one of its places (``admit``), oldest first; ``capacity`` in all
+        self.door: dict[str, deque[asyncio.Future[Slot]]] = {}
+        self.at_door = 0
+
+    def _full(self) -> OverloadedError:
+        return OverloadedError(f"the server has {self.count} requests in flight, as many as it takes; retry later")
+
+    def _share(self, tenant: str) -> OverloadedError:
+        return OverloadedError(f"this API key's tenant has {self.by_tenant.get(tenant, 0)} requests in flight, "
+                               "its share of the server; retry later")
 
     def enter(self, tenant: str = "") -> Slot:
         if self.count >= self.capacity:
-            raise OverloadedError(f"the server has {self.count} requests in flight, as many as it takes; "
-                                  "retry later")
+            raise self._full()
         held = self.by_tenant.get(tenant, 0)
         if held >= self.per_tenant:
-            raise OverloadedError(f"this API key's tenant has {held} requests in flight, its share of the "
-                                  "server; retry later")
+            raise self._share(tenant)
         self.by_tenant[tenant] = held + 1
         self.count += 1
         self.on_change(self.count)
         return Slot(self, tenant)
 
+    async def admit(self, tenant: str = "", wait_s: float = DOOR_WAIT_S) -> Slot:
+        """``enter``, except that a request of a tenant at its share waits at the door (oldest first,
+        its body unread, no work done for it) up to ``wait_s`` for a place its tenant gives back,
+        instead of a 429 at once. Why: a client that ignores Retry-After asks again at once, and the
+        server then answers 429s in a loop on the interpreter its step loop shares (a 32-wide flood
+        held to a share of 2 drew 1,100 429s a second and quadrupled another client's ITL). Past the
+        server's capacity, past the door's room (``capacity`` requests, all tenants together) or past
+        ``wait_s``: 429."""
+        if self.count >= self.capacity or self.by_tenant.get(tenant, 0) < self.per_tenant:
+            return self.enter(tenant)
+        queue = self.door.setdefault(tenant, deque())
+        if self.at_door >= self.capacity:
+            if not queue:
+                del self.door[tenant]
+            raise self._share(tenant)
+        fut: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        queue.append(fut)
+        self.at_door += 1
+        try:
+            await asyncio.wait({fut}, timeout=wait_s)
+        except asyncio.CancelledError:
+            if fut.done():  # handed a place just as the request went away: give it back
+                fut.result().release()
+            raise
+        finally:
+            self.at_door -= 1
+            if not fut.done():
+                fut.cancel()
+                queue.remove(fut)
+            if not queue and self.door.get(tenant) is queue:
+                del self.door[tenant]
+        if fut.cancelled():
+            raise self._share(tenant)
+        return fut.result()
+
     def _leave(self, tenant: str) -> None:
+        queue = self.door.get(tenant)
+        while queue:  # the place goes to the oldest request of the same tenant at the door
+            fut = queue.popleft()
+            if not fut.done():
+                fut.set_result(Slot(self, tenant))
+                return
         held = self.by_tenant[tenant] - 1
         if held:
             self.by_tenant[tenant] = held

@@ -89,11 +89,12 @@ class _ApiKeys:
 class _InFlightLimit:
     """ASGI middleware: a completion request holds a place among those in flight (``limits.InFlight``)
     from its first byte until its response has ended, streamed or not, or its client went away. Past
-    the cap, or past its tenant's share of it, it is answered 429 at once, its body unread; once the
+    the cap it is answered 429 at once, its body unread; past its tenant's share it waits at the door
+    for one of its tenant's places (``limits.InFlight.admit``), 429 after ``door_wait_s``; once the
     engine loop died, 503."""
 
-    def __init__(self, app: ASGIApp, aengine: AsyncEngine, in_flight: limits.InFlight) -> None:
-        self.app, self.aengine, self.in_flight = app, aengine, in_flight
+    def __init__(self, app: ASGIApp, aengine: AsyncEngine, in_flight: limits.InFlight, door_wait_s: float) -> None:
+        self.app, self.aengine, self.in_flight, self.door_wait_s = app, aengine, in_flight, door_wait_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in LIMITED_PATHS:
@@ -101,7 +102,7 @@ class _InFlightLimit:
         try:
             if self.aengine.dead is not None:
                 raise EngineDeadError(f"engine loop died: {self.aengine.dead!r}")
-            slot = self.in_flight.enter(scope.get("state", {}).get("tenant", ""))
+            slot = await self.in_flight.admit(scope.get("state", {}).get("tenant", ""), self.door_wait_s)
         except OverloadedError as e:
             self.aengine.metrics.api_overloaded.inc()
             return await _error(429, str(e), etype="rate_limit_error", headers=RETRY_AFTER)(scope, receive, send)
@@ -198,10 +199,12 @@ def _sse_response(gen: AsyncIterator[RequestOutput], head: list[dict[str, Any]],
 
 
 def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts | None = None,
-               max_body_bytes: int | None = None, api_keys: ApiKeys | None = None, tenant: str = "") -> FastAPI:
+               max_body_bytes: int | None = None, api_keys: ApiKeys | None = None, tenant: str = "",
+               door_wait_s: float = limits.DOOR_WAIT_S) -> FastAPI:
     """documents: the request builders of the plug-in that serves `documents` and `blend_separator`
     requests (kvengine serve's: CacheBlend); None refuses them. ``api_keys`` / ``tenant``: whose
-    namespace each request runs in (module notes)."""
+    namespace each request runs in (module notes). ``door_wait_s``: how long a request of a tenant at
+    its share of the places in flight waits for one (engine/limits.py ``InFlight.admit``)."""
     if api_keys is not None and tenant:
         raise ValueError("a server with API keys takes each request's tenant from its key, not a fixed tenant")
     eng = aengine.engine
@@ -218,7 +221,8 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
     app = _App(title="tierkv engine", max_body_size=body_bound, lifespan=lifespan)
     in_flight = limits.InFlight(cfg.max_num_seqs + cfg.max_waiting, aengine.metrics.api_in_flight.set,
                                 per_tenant=limits.tenant_in_flight(cfg, api_keys is not None))  # fmt: skip
-    app.add_middleware(_InFlightLimit, aengine=aengine, in_flight=in_flight)  # type: ignore[arg-type]
+    app.add_middleware(_InFlightLimit, aengine=aengine, in_flight=in_flight,  # type: ignore[arg-type]
+                       door_wait_s=door_wait_s)
     if api_keys is not None:  # outside the in-flight limit: a request's share is its key's tenant's
         app.add_middleware(_ApiKeys, api_keys=api_keys)  # type: ignore[arg-type]
     created = int(time.time())

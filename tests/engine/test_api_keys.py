@@ -134,9 +134,11 @@ def test_the_keys_file_is_checked_in_one_line(tmp_path: Path, capsys: pytest.Cap
 
 def test_a_tenant_past_its_share_gets_429_and_the_others_still_get_in(tiny) -> None:
     """One running place and three waiting: a tenant holds at most half of them (``max_tenant_in_flight``
-    0, with API keys). Without the share acme's third request took a place too, and a fourth the last:
-    globex was then refused 429 by a flood that was not its own."""
+    0, with API keys); its third request waits at the door (here 0.5 s) for one of them, then 429.
+    Without the share acme's third request took a place too, and a fourth the last: globex was then
+    refused 429 by a flood that was not its own."""
     import threading
+    import time
 
     import httpx
     import uvicorn
@@ -145,8 +147,8 @@ def test_a_tenant_past_its_share_gets_429_and_the_others_still_get_in(tiny) -> N
 
     aengine = AsyncEngine(make_engine(tiny, max_num_seqs=1, max_waiting=3))  # not started: nothing finishes
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(aengine, "tiny", api_keys=ApiKeys({KEY_A: "acme", KEY_B: "globex"})),
-                                           host=LOOPBACK, port=port, log_level="warning"))  # fmt: skip
+    app = create_app(aengine, "tiny", api_keys=ApiKeys({KEY_A: "acme", KEY_B: "globex"}), door_wait_s=0.5)
+    server = uvicorn.Server(uvicorn.Config(app, host=LOOPBACK, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://{LOOPBACK}:{port}"
@@ -160,8 +162,10 @@ def test_a_tenant_past_its_share_gets_429_and_the_others_still_get_in(tiny) -> N
             with a1.stream("POST", "/v1/completions", json=long, headers=auth_a) as r1, \
                     a2.stream("POST", "/v1/completions", json=long, headers=auth_a) as r2:
                 assert r1.status_code == 200 and r2.status_code == 200
+                t0 = time.monotonic()
                 r3 = httpx.post(base + "/v1/completions", json=long, headers=auth_a, timeout=60)
                 assert r3.status_code == 429 and r3.headers["retry-after"] == "1", r3.text
+                assert time.monotonic() - t0 >= 0.5  # it waited at the door first
                 assert "its share" in r3.json()["error"]["message"]
                 with b.stream("POST", "/v1/completions", json=long, headers=auth_b) as rb:
                     assert rb.status_code == 200  # globex's place was kept
@@ -189,3 +193,40 @@ def test_in_flight_counts_each_tenant_and_forgets_the_idle_ones() -> None:
     assert tenant_in_flight(EngineConfig(max_num_seqs=4, max_waiting=12), several_tenants=False) == 16
     assert tenant_in_flight(EngineConfig(max_num_seqs=4, max_waiting=12, max_tenant_in_flight=3), True) == 3
     assert tenant_in_flight(EngineConfig(max_num_seqs=1, max_waiting=0), several_tenants=True) == 1
+
+
+def test_a_request_at_its_tenants_share_waits_at_the_door_for_a_place() -> None:
+    """Oldest first, for a place of its own tenant; 429 past the wait or past the door's room; a
+    waiter that goes away takes nothing with it. Without the door, each got a 429 at once, and a
+    client that asks again at once had the server answer 429s in a loop."""
+    import asyncio
+
+    from engine.errors import OverloadedError
+    from engine.limits import InFlight
+
+    async def scenario() -> None:
+        f = InFlight(2, per_tenant=1)
+        a = await f.admit("acme")
+        first, second = asyncio.create_task(f.admit("acme", 5.0)), asyncio.create_task(f.admit("acme", 5.0))
+        await asyncio.sleep(0.01)
+        assert f.at_door == 2 and not first.done() and not second.done()
+        with pytest.raises(OverloadedError, match="its share"):  # the door holds `capacity` in all
+            await f.admit("acme", 5.0)
+        b = await f.admit("globex")  # another tenant walks in
+        a.release()  # acme's place goes to its oldest request at the door: the count does not move
+        handed = await asyncio.wait_for(first, 1.0)
+        assert not second.done() and f.count == 2 and f.by_tenant == {"acme": 1, "globex": 1} and f.at_door == 1
+        with pytest.raises(OverloadedError, match="as many as it takes"):  # full: 429 at once, no door
+            await f.admit("initech", 5.0)
+        second.cancel()  # its client went away while it waited
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert f.at_door == 0 and f.door == {}
+        b.release()
+        with pytest.raises(OverloadedError, match="its share"):  # waited its time, then 429
+            await f.admit("acme", 0.05)
+        assert f.at_door == 0 and f.door == {}
+        handed.release()
+        assert f.count == 0 and f.by_tenant == {}
+
+    asyncio.run(scenario())
