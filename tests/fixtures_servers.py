@@ -19,6 +19,7 @@ from bench.servers import S3Endpoint, prepare_bucket, redis_cluster, redis_serve
 from tiers.base import Tier
 
 if TYPE_CHECKING:
+    from bench.cluster.harness import ClusterHarness
     from bench.cluster.topology import Topology
 
 TIER_KINDS = ["cpu", "disk", "s3", "redis", "redis-cluster", "redis-signed"]  # signed: what the daemon builds
@@ -65,6 +66,21 @@ def make_topology() -> Iterator[Callable[..., Topology]]:
     yield make
     for topo in made:
         topo.close()
+
+
+def cluster_harness(tmp: Path, nodes: int) -> ClusterHarness:
+    """bench.cluster's harness of ``nodes`` nodes (the caller enters and leaves it); the test is
+    skipped, like ``make_topology``'s, only where this machine cannot make network namespaces."""
+    from bench.cluster import netns
+    from bench.cluster.harness import ClusterHarness
+    from bench.cluster.topology import NamespacesUnavailable
+
+    if (why := netns.unavailable()) is not None:
+        pytest.skip(f"no network namespaces on this machine: {why}")
+    try:
+        return ClusterHarness(tmp, nodes=nodes)
+    except NamespacesUnavailable as e:
+        pytest.skip(f"no network namespaces on this machine: {e}")
 
 
 def make_tier(kind: str, request: pytest.FixtureRequest, tmp: Path, capacity_bytes: int) -> Tier:

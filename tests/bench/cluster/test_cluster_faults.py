@@ -22,7 +22,7 @@ from bench.cluster.faults import (
     redis_master_killed,
     s3_slow,
 )
-from bench.cluster.topology import NamespacesUnavailable
+from tests.fixtures_servers import cluster_harness
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,14 +33,7 @@ def _skip_without_namespaces() -> None:
 
 
 def test_node_lost_and_s3_slow_with_every_node_busy(tmp_path: Path) -> None:
-    from bench.cluster.harness import ClusterHarness
-
-    _skip_without_namespaces()
-    try:
-        h = ClusterHarness(tmp_path, nodes=3)
-    except NamespacesUnavailable as e:
-        pytest.skip(f"no network namespaces on this machine: {e}")
-    with h:
+    with cluster_harness(tmp_path, nodes=3) as h:
         d = Driver(h, Plan(count=4, during=1, max_rounds_after=6, s3_rate_mbit=8.0, repeats=1))
         warm = d.round(read_all_others=True)
         assert all(warm.full_hit(i) for i in range(3)), warm.gets
@@ -59,14 +52,7 @@ def test_redis_failover_cuts_and_a_smaller_restart_with_every_node_busy(tmp_path
     """Recovery within 2 rounds of the heal (the kill, for Redis), but for the partition: taking a
     link down flushes the node's ARP entries, and after the heal nothing leaves it before ARP's 1 s
     retransmit (docs/operations.md), so it gets the bench's 12 rounds."""
-    from bench.cluster.harness import ClusterHarness
-
-    _skip_without_namespaces()
-    try:
-        h = ClusterHarness(tmp_path, nodes=3)
-    except NamespacesUnavailable as e:
-        pytest.skip(f"no network namespaces on this machine: {e}")
-    with h:
+    with cluster_harness(tmp_path, nodes=3) as h:
         d = Driver(h, Plan(count=4, during=1, max_rounds_after=12, repeats=1))
         assert all(d.round(read_all_others=True).full_hit(i) for i in range(3))
         killed = redis_master_killed(d)

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster import netns
 from bench.cluster.node_engine import Completion
 from bench.cluster.regret import Case, RegretError, RegretPlan, _checked, length_figures, link_figures
-from bench.cluster.topology import NamespacesUnavailable
 from bench.e2e.figures import FigureError
+from tests.fixtures_servers import cluster_harness
 
 
 def test_regret_is_the_mean_over_lengths_of_the_chosen_options_relative_loss() -> None:
@@ -71,16 +70,9 @@ def test_a_forced_engine_that_did_otherwise_stops_the_bench() -> None:
 
 @pytest.mark.timeout(600)
 def test_one_link_two_lengths_answers_right_and_decides(tmp_path: Path) -> None:
-    from bench.cluster.harness import ClusterHarness
     from bench.cluster.regret import measure_regret
 
-    if (why := netns.unavailable()) is not None:
-        pytest.skip(f"no network namespaces on this machine: {why}")
-    try:
-        h = ClusterHarness(tmp_path, nodes=2)
-    except NamespacesUnavailable as e:
-        pytest.skip(f"no network namespaces on this machine: {e}")
-    with h:
+    with cluster_harness(tmp_path, nodes=2) as h:
         out = measure_regret(h, RegretPlan(lengths=(1, 8), reps=1, learn=1, links=("none",)))
     reg = out["regret"]
     link = reg["links"]["none"]  # type: ignore[index]
