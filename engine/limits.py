@@ -159,11 +159,9 @@ class InFlight:
         ``wait_s``: 429."""
         if self.count >= self.capacity or self.by_tenant.get(tenant, 0) < self.per_tenant:
             return self.enter(tenant)
-        queue = self.door.setdefault(tenant, deque())
         if self.at_door >= self.capacity:
-            if not queue:
-                del self.door[tenant]
             raise self._share(tenant)
+        queue = self.door.setdefault(tenant, deque())
         fut: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         queue.append(fut)
         self.at_door += 1

@@ -133,9 +133,9 @@ class _CloseUnread:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
         declared = headers.get(b"content-length", b"").strip()
-        if declared.isdigit() and int(declared) > self.max_body:
-            resp = _error(413, f"Content Too Large: the body has {int(declared)} bytes, at most {self.max_body} "
-                               "are accepted", headers={"connection": "close"})  # fmt: skip
+        if declared.isdigit() and (size := int(declared)) > self.max_body:
+            resp = _error(413, f"Content Too Large: the body has {size} bytes, at most {self.max_body} are accepted",
+                          headers={"connection": "close"})
             return await resp(scope, receive, send)
         unread = [headers.get(b"transfer-encoding", b"").lower() == b"chunked" or declared not in (b"", b"0")]
 
