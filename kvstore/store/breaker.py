@@ -16,7 +16,10 @@ prober is woken. So a down server gets at most one probe per ``demand_s`` howeve
 (the backoff still spaces the probes of a tier nobody asks for), a healed one is attached within
 about ``demand_s`` of the next request that wants it, and no request ever waits on a probe: it
 runs on the tier's prober thread. When a tier is attached the prober hands its replay backlog (the
-keys whose writes it skipped, kvstore/store/replay.py) to ``on_attach``.
+keys whose writes it skipped, kvstore/store/replay.py) to ``on_attach``; and while an attached tier
+holds a backlog (writes that failed without detaching it: the first writes after a heal, before
+the network answers again, bench.cluster's node_partitioned), the prober hands it over again every
+``probe_s``, so a backlog never waits for a detach that may not come.
 
 Two rules detach a tier: ``failures`` errors in a row (a server that is down), or an error rate:
 at least ``rate`` of its last ``window`` calls failed, once the window holds ``min_calls`` (a
@@ -147,13 +150,14 @@ class Breaker:
 
 
 class Prober:
-    """Probes detached levels, each on a daemon thread of its own started on its first detach, so a
-    probe that hangs on one tier (a cut S3 link costs its connect timeout, retried) never delays
-    the probe of another that answers again.
+    """Probes detached levels, each on a daemon thread of its own started on its first detach (or
+    its first backlog), so a probe that hangs on one tier (a cut S3 link costs its connect timeout,
+    retried) never delays the probe of another that answers again.
 
     ``on_attach(i, keys)``: called under the store lock as level ``i`` is attached, with the keys
-    of its replay backlog; it must not wait (the TieredStore points it at the spill worker's
-    ``replay``, which queues them without waiting for room)."""
+    of its replay backlog, and again every ``probe_s`` while an attached level has a backlog; it
+    must not wait (the TieredStore points it at the spill worker's ``replay``, which queues them
+    without waiting for room)."""
 
     def __init__(self, levels: Sequence[Level], lock: threading.RLock) -> None:
         self._levels, self._lock = levels, lock
@@ -170,7 +174,7 @@ class Prober:
             if self._closed:
                 return
             for i, lv in enumerate(self._levels):
-                if i not in self._threads and not lv.available():
+                if i not in self._threads and (not lv.available() or len(lv.backlog)):
                     self._threads[i] = threading.Thread(target=self._run, args=(i, lv), daemon=True,
                                                         name=f"tierkv-probe-{lv.name}")
                     self._threads[i].start()
@@ -188,10 +192,15 @@ class Prober:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self, i: int, lv: Level) -> None:
-        """Level ``i``'s thread: probe it whenever it is detached and its probe is due."""
+        """Level ``i``'s thread: probe it whenever it is detached and its probe is due; while it is
+        attached with a backlog, hand the backlog over ``probe_s`` after the last time."""
+        retry_at = time.monotonic() + lv.breaker.policy.probe_s
         while True:
             with self._lock:
-                wait = None if lv.available() else lv.breaker.next_probe - time.monotonic()
+                if not lv.available():
+                    wait: float | None = lv.breaker.next_probe - time.monotonic()
+                else:  # attached: nothing to do but a backlog's retry
+                    wait = retry_at - time.monotonic() if len(lv.backlog) else None
             with self._cv:
                 if self._closed:
                     return
@@ -201,7 +210,21 @@ class Prober:
                     self._woken[i] = False
                     continue  # woken (a probe brought forward, a detach), or the wait is over: look again
                 self._woken[i] = False
-            self._probe(i, lv)
+            if not self._retried(i, lv):
+                self._probe(i, lv)
+            retry_at = time.monotonic() + lv.breaker.policy.probe_s
+
+    def _retried(self, i: int, lv: Level) -> bool:
+        """An attached level's backlog handed over again (writes that failed without detaching it);
+        False when the level is detached (the probe's turn)."""
+        with self._lock:
+            if not lv.available():
+                return False
+            keys = lv.backlog.take()
+            if keys and self.on_attach is not None:
+                log.info("tier %s: replaying %d write(s) that failed while it stayed attached", lv.name, len(keys))
+                self.on_attach(i, keys)
+            return True
 
     def _probe(self, i: int, lv: Level) -> None:
         try:

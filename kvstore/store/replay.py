@@ -7,7 +7,10 @@ other nodes still could not find those blocks there. So a level other nodes read
 key only, never the bytes (the block stays where it was put and is read from there at replay),
 at most ``max_keys`` of them; past that the oldest key is dropped (counted, ``replay_dropped``).
 A write that failed is remembered too: the errors that detach a tier are writes that never
-reached it (a write failing while the tier stays attached waits for its next attach). Until the
+reached it. A write that failed while the tier stayed attached (the first writes after a heal,
+before the network answers again) is handed over again by the tier's prober every ``probe_s``
+(kvstore/store/breaker.py) rather than waiting for a detach that may never come. A refusal for
+lack of room (TierFull) is not remembered: the tier chose not to hold the block. Until the
 replay, the level above keeps such a block over the others when it must evict
 (``Level.unreplicated``): evicted while the tier below is detached, it could land nowhere, and
 bench.cluster's partitioned node had evicted every block it put while cut off before its link

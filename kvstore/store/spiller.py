@@ -129,9 +129,12 @@ class Spiller:
                 victims = lv.pick_victims(size)
             for vkey, _ in victims:
                 self._evict_lower(i, vkey)
-            if not self._write(i, lv, job):
-                with self._c.lock:  # failed (the tier may detach on it): replayed at its next attach
-                    lv.remember(job.key)
+            err = self._write(i, lv, job)
+            if err is not None:
+                if not isinstance(err, TierFull):  # a refusal for room is not retried: the tier chose
+                    with self._c.lock:  # failed: replayed at its next attach, or by the prober's retry
+                        lv.remember(job.key)  # of an attached level's backlog
+                    self._c.prober.wake()
                 continue
             with self._c.lock:
                 if self._still_wanted(job):
@@ -194,8 +197,10 @@ class Spiller:
             return None
         return data
 
-    def _write(self, i: int, lv: Level, job: Job) -> bool:
-        """Put the block into level i; a TierFull evicts victims worth it and tries once more."""
+    def _write(self, i: int, lv: Level, job: Job) -> Exception | None:
+        """Put the block into level i; a TierFull evicts victims worth it and tries once more. The
+        error that stopped it (None: written)."""
+        err: Exception | None = None
         for again in (False, True):
             t0 = time.perf_counter()
             try:
@@ -203,7 +208,8 @@ class Spiller:
             except Exception as e:  # noqa: BLE001 - counted (a TierFull as a refusal), never raised
                 self._c.fail(lv, e)
                 if again or not isinstance(e, TierFull):
-                    return False
+                    return e
+                err = e
                 with self._c.lock:
                     victims = lv.make_room(len(job.value))
                 for vkey, _ in victims:
@@ -211,8 +217,8 @@ class Spiller:
                 continue
             self._c.ok(lv)
             self._c.obs.write(lv.name, len(job.value), time.perf_counter() - t0)
-            return True
-        return False
+            return None
+        return err
 
     def _evict_lower(self, i: int, vkey: bytes) -> None:
         """Move a victim of level i (i > 0) one level down; runs on the worker thread."""

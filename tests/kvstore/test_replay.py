@@ -312,3 +312,45 @@ def test_a_hung_probe_of_one_tier_does_not_delay_another_tiers(tmp_path: Path) -
         hung.resume()
         hung.stop()
         back.stop()
+
+
+# -- writes that failed while the tier stayed attached ------------------------------------------
+
+
+def test_a_write_that_failed_while_the_tier_stayed_attached_is_retried(down_redis: RedisServer) -> None:
+    """One write-through times out (redis paused) but one error detaches nothing: the key waits in
+    the backlog of an attached tier. The prober hands that backlog over again after ``probe_s``
+    (before, it waited for a detach and attach that never came: bench.cluster's partitioned node,
+    whose first writes after the heal failed before ARP answered, never shared them)."""
+    down_redis.start()
+    with _store(down_redis.url, tier_retry_s=0.2) as s:
+        wait_for(lambda: s.stats().tiers[1].available, "the store to attach redis")
+        down_redis.pause()
+        try:
+            s.put(_k(0), _v(0))
+            wait_for(lambda: s.stats().tiers[1].errors == 1, "the write-through to time out")
+        finally:
+            down_redis.resume()
+        assert s.stats().tiers[1].available  # one error: still attached
+        wait_for(lambda: s.stats().tiers[1].replayed == 1, "the failed write to be replayed", timeout_s=30.0)
+        assert s.flush(30.0) and _held(down_redis.url, [0]) == [0]
+        st = s.stats().tiers[1]
+        assert st.available and st.blocks == 1 and len(s.levels[1].backlog) == 0
+
+
+class _FullTier(CpuTier):
+    def put(self, key: bytes, value) -> None:  # type: ignore[no-untyped-def]
+        from tiers.errors import TierFull
+
+        raise TierFull(self.name, "no room")
+
+
+def test_a_refusal_for_room_is_not_kept_for_replay() -> None:
+    """A TierFull is the tier's choice, not a lost write: replaying it would only be refused again."""
+    full = _FullTier(64 * BLOCK)
+    with TieredStore([(CpuTier(8 * BLOCK), LevelOptions()), (full, SHARED)], tier_retry_s=0.1) as s:
+        s.put(_k(0), _v(0))
+        assert s.flush(30.0)
+        st = s.stats().tiers[1]
+        assert st.refused >= 1 and st.available
+        assert len(s.levels[1].backlog) == 0 and st.replayed == 0
