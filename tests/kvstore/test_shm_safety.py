@@ -28,12 +28,12 @@ PATHS = pytest.mark.parametrize("use_arena", [False, True], ids=["copied", "in-p
 def test_late_write_never_reaches_the_next_call(use_arena: bool) -> None:
     """A get times out while the daemon still holds its block; the next get on the same client
     must return its own bytes, even when the late handler is released in the middle of it.
-    The race is forced (not hoped for) in each of 50 rounds, on both paths: the daemon copying
+    The race is forced (not hoped for) in each of 12 rounds, on both paths: the daemon copying
     into the segment, and the daemon answering in place from its arena."""
     with inprocess_daemon() as d:
         c = connect(d, deadline_s=WAIT_S, retry=Retry(attempts=1), use_shm=True, use_arena=use_arena)
         try:
-            for r in range(50):
+            for r in range(12):
                 slow, fast = block(f"slow-{r}", 1.0 + r), block(f"fast-{r}", -1.0 - r)
                 assert c.put_many([slow, fast]) == [True, True]
                 gate = Gate(slow[0])

@@ -1,5 +1,6 @@
 """bench.serve end to end on the tiny random Llama, sized down: real kvengine servers (radix only,
-no cache, a cpu daemon, a redis daemon), the OpenAI client, Poisson points, the knee search, every
+no cache, a cpu daemon; the other daemon modes differ only in the daemon's tier flag), the OpenAI
+client, Poisson points, the knee search, every
 key of the JSON the issue names, the plot. (The real benchmark, on SmolLM2, is
 `python -m bench.serve --quick`.)"""
 
@@ -25,10 +26,10 @@ POINT_KEYS = ("offered_qps", "completed_per_s", "sent_per_s", "duration_s", "itl
 
 def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> None:
     qa = QASpec(system_tokens=32, context_tokens=96, question_tokens=8, answer_tokens=4, max_turns=2)
-    # a generous SLO; whether a 4 s point completes 90% of what it was sent is Poisson's call, so the
-    # knee is checked against the points, not against a value
-    small = run.Preset(qa, 24, (4.0,), PointPlan((2.0, 4.0), 1, 2.0, 4.0, 20.0, 60.0, 2.0), 1,
-                       ("no_cache", "radix", "daemon_cpu", "daemon_redis"), None, ())
+    # one point per mode (the knee's walk and bisection are tests/bench/serve/test_knee.py's); a
+    # generous SLO, and the knee checked against the point, not against a value
+    small = run.Preset(qa, 24, (4.0,), PointPlan((2.0,), 0, 2.0, 4.0, 20.0, 60.0, 2.0), 1,
+                       ("no_cache", "radix", "daemon_cpu"), None, ())
     monkeypatch.setattr(run, "QUICK", small)
     # The tiny model recomputes a page faster than any tier loads it, so the cost model would rightly
     # recompute: this smoke checks the plumbing, so every hit is loaded.
@@ -43,7 +44,7 @@ def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> Non
     ratio = doc["working_set_sweep"]["4x"]["working_set_over_pool"]
     n_points = sum(len(m["runs"][0]["points"]) for m in doc["modes"].values())
     assert doc["working_set_over_pool"] == ratio["median"] and ratio["points"] == n_points and ratio["median"] > 1
-    for mode in ("no_cache", "radix", "daemon_cpu", "daemon_redis"):
+    for mode in ("no_cache", "radix", "daemon_cpu"):
         m = doc["modes"][mode]
         for k in KEYS:
             assert k in m, (mode, k)
@@ -56,7 +57,6 @@ def test_bench_serve_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch) -> Non
     src = {mode: doc["modes"][mode]["tokens_by_source"] for mode in doc["modes"]}
     assert src["no_cache"]["radix"] == 0 and set(src["no_cache"]) == {"radix", "recomputed"}
     assert src["daemon_cpu"].get("cpu", 0) > 0  # the daemon supplied evicted conversations
-    assert src["daemon_redis"].get("redis", 0) > 0
     assert set(doc["targets"]) >= {"working_set_over_pool", "cpu_max_qps_vs_radix", "s3_ttft_p90_vs_radix"}
     assert not doc["targets"]["s3_ttft_p90_vs_radix"]["met"]  # no s3 mode in this run: never shown as met
     assert out.with_suffix(".png").stat().st_size > 1000
