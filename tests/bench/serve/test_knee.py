@@ -23,6 +23,15 @@ def test_a_point_passes_only_when_it_completes_what_it_is_offered_within_the_slo
     assert not passes(_pt(0.0, 0.0, 1.0), 3.0)  # nothing sent proves nothing
 
 
+def test_one_answer_that_crossed_the_window_end_is_not_falling_behind() -> None:
+    """8 sent in 60 s, 7 finished inside the window: 0.875 < 90%, but a count is whole requests."""
+    low = {**_pt(8 / 60, 7 / 60, 1.5), "duration_s": 60.0}
+    assert passes(low, 3.0) and not passes({**low, "duration_s": None}, 3.0)
+    assert not passes({**low, "completed_per_s": 6 / 60}, 3.0)  # two short: 75%, falling behind
+    busy = {**_pt(60 / 60, 52 / 60, 1.5), "duration_s": 60.0}  # 52 of 60: one request of slack is not 8
+    assert not passes(busy, 3.0) and passes({**busy, "completed_per_s": 53 / 60}, 3.0)
+
+
 def _synthetic(true_knee: float):
     calls: list[tuple[float, str]] = []
 
