@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 from tqdm import tqdm
 
-from bench.serve.client import Record, client, open_loop, send
+from bench.serve.client import Record, client, closing, open_loop, send
 from bench.serve.figures import point_stats, scrape
 from bench.serve.knee import find_knee, passes
 from bench.serve.modes import Server
@@ -87,6 +88,7 @@ async def _point(srv: Server, wl: QAWorkload, offsets: list[float], plan: PointP
     for t in pending:
         t.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
+    await api.close()
     bar.close()
     # a task that raised outside the client's own errors (never expected) counts as not completed
     return t0, [t.result() if t in done and t.exception() is None else None for t in tasks]
@@ -119,7 +121,8 @@ def measure_point(srv: Server, wl: QAWorkload, qps: float, plan: PointPlan, seed
 
 def mode_run(srv: Server, wl: QAWorkload, plan: PointPlan, seed: int) -> dict[str, Any]:
     """The first round, then the knee search; every point and the knee with its bracket."""
-    first, _ = asyncio.run(open_loop(_first_round(srv, wl), 0, f"{srv.mode} first round"))
+    api = client(srv.port)
+    first, _ = asyncio.run(closing(api, open_loop(_first_round(api, srv, wl), 0, f"{srv.mode} first round")))
     queue = offload_queue(srv.port)
     points: list[dict[str, Any]] = []
 
@@ -139,8 +142,7 @@ def mode_run(srv: Server, wl: QAWorkload, plan: PointPlan, seed: int) -> dict[st
             "restarts": wl.restarts}
 
 
-def _first_round(srv: Server, wl: QAWorkload):
-    api = client(srv.port)
+def _first_round(api: openai.AsyncOpenAI, srv: Server, wl: QAWorkload):
 
     def job(user: int):
         async def go() -> Record:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.serve.client import at_offsets, client, send
+from bench.serve.client import at_offsets, client, closing, send
 from bench.serve.figures import percentile
 from bench.serve.modes import EngineSpec, mode_server
 from bench.serve.schedule import poisson_count, rotated
@@ -98,7 +98,7 @@ def pick(summary: Mapping[int, Mapping[str, Any]], slack: float = TTFT_SLACK) ->
 async def _one(port: int, model: str, reqs: list, offsets: list[float], answer: int, desc: str):
     api = client(port)
     jobs = [lambda m=m: send(api, model, "sweep", m, answer) for m in reqs]
-    return await at_offsets(jobs, offsets, desc)
+    return await closing(api, at_offsets(jobs, offsets, desc))
 
 
 def run_sweep(spec: PrefixGroupsSpec, settings: Sequence[int], reps: int, engine: EngineSpec, tokenizer,

@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import openai
+
 from bench.serve.capacity import salt
-from bench.serve.client import Job, client, open_loop, send
+from bench.serve.client import Job, client, closing, open_loop, send
 from bench.serve.figures import point_stats
 from bench.serve.modes import Server
 from bench.serve.workload import RAGSpec, RAGWorkload
 
 
-def _jobs(srv: Server, wl: RAGWorkload, n: int) -> list[Job]:
-    api = client(srv.port)
+def _jobs(api: openai.AsyncOpenAI, srv: Server, wl: RAGWorkload, n: int) -> list[Job]:
 
     def job(i: int) -> Job:
         msgs, s = wl.request(), salt(srv)
@@ -26,6 +27,8 @@ def _jobs(srv: Server, wl: RAGWorkload, n: int) -> list[Job]:
 
 def rag_point(srv: Server, spec: RAGSpec, tokenizer, qps: float) -> dict[str, Any]:
     wl = RAGWorkload(spec, tokenizer)
-    asyncio.run(open_loop(_jobs(srv, wl, spec.requests), 0, f"{srv.mode} rag warm-up"))
-    recs, secs = asyncio.run(open_loop(_jobs(srv, wl, spec.requests), qps, f"{srv.mode} rag"))
+    api = client(srv.port)
+    asyncio.run(closing(api, open_loop(_jobs(api, srv, wl, spec.requests), 0, f"{srv.mode} rag warm-up")))
+    api = client(srv.port)
+    recs, secs = asyncio.run(closing(api, open_loop(_jobs(api, srv, wl, spec.requests), qps, f"{srv.mode} rag")))
     return point_stats(recs, secs)
