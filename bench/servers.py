@@ -15,6 +15,7 @@ so each server is a context manager around a subprocess in its own temporary dir
 - ``running_daemon(cache_dir, *flags)`` yields the address of a ``kvstore serve`` subprocess;
   ``spawn_daemon``/``stop_daemon`` start and stop one whose lifetime is not a ``with`` block
   (the demos, the benches and the tests all start their daemons here).
+- ``exit_on_sigterm()``: a bench's ``main`` calls it so that SIGTERM stops its servers too.
 - ``engine_server(*flags)`` yields a ``kvengine serve`` subprocess once ``/health`` answers;
   ``EngineServer`` is its handle (started by the constructor, ``wait_ready()``, ``stop()``), for
   replicas that load side by side or a test that signals the process itself.
@@ -32,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,19 @@ LOOPBACK = "127.0.0.1"
 
 class ServerError(RuntimeError):
     """A test server could not be found or started."""
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``timeout``, a CI runner) unwinds like ^C, so every ``with`` block stops the
+    servers it started: they run in sessions of their own (a signal to the bench's process group
+    misses them), and a bench dying on the signal's default action left its daemon and engine
+    running. A no-op off the main thread (a test that runs a bench's ``main`` in a thread)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
 def find_binary(name: str) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.advise.workloads import Workload, all_workloads, replay
+from bench.servers import exit_on_sigterm
 from kvstore.ops.advise import advise
 from kvstore.ops.mrc import lru_curve, references
 from kvstore.ops.mrc_chain import chain_hits
@@ -100,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="three sizes per chain, a smaller real workload")
     ap.add_argument("--no-real", action="store_true", help="skip the runs of real engines and daemon")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     fractions = (0.15, 0.4, 0.8) if args.quick else (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2)
     from bench.e2e.support import git_revision  # (imports torch: kept out of the figures' import)
 

@@ -45,6 +45,7 @@ from bench.blend.figures import (
     selection_vs_random,
 )
 from bench.blend.quality import Method, run_quality, summarize
+from bench.servers import exit_on_sigterm
 from connector.blend import Blender, InProcessChunkStore, build_blend_request
 from connector.blend.daemon_store import DaemonChunkStore
 from connector.blend.selection import Selection
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ttft-reps", type=int, default=3, help="TTFT repetitions per length (the median is quoted)")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     log = logging.getLogger("bench.blend")
     t_start = time.perf_counter()

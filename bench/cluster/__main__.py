@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 
 from bench.cluster.faults import FAULTS
 from bench.cluster.run import run
 from bench.cluster.topology import NamespacesUnavailable
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM (``timeout``, a CI runner) unwinds like ^C: the harness's ``with`` tears down every
-    namespace and process, which dying on the signal's default action would leave behind."""
-    raise SystemExit(128 + signum)
+from bench.servers import exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = [f for f in args.faults.split(",") if f]
     if unknown := set(faults) - set(FAULTS):
         p.error(f"unknown faults {sorted(unknown)}; choose from {list(FAULTS)}")
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_on_sigterm()  # the harness's ``with`` tears down every namespace and process
     try:
         res = run(args.quick, nodes=args.nodes, faults=faults, latency=not args.no_latency, prefix=args.prefix,
                   regret=not args.no_regret, only_regret=args.regret_only)

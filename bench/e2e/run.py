@@ -53,6 +53,7 @@ from bench.e2e.grid import cost_model_grid
 from bench.e2e.headline import headline, replicas
 from bench.e2e.support import Bench, kv_daemon, kv_daemon_pid, machine_facts
 from bench.e2e.workloads import workloads
+from bench.servers import exit_on_sigterm
 from engine.model_loader import load_model
 
 log = logging.getLogger("bench.e2e")
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                          "vm.nr_hugepages >= 1026 for its 2 GiB, else it falls back to 4 KiB pages and says so in "
                          "its log)")
     a = ap.parse_args(argv)
+    exit_on_sigterm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("connector").setLevel(logging.WARNING)
     if a.threads > 0:

@@ -98,7 +98,7 @@ def measure_point(srv: Server, wl: QAWorkload, qps: float, plan: PointPlan, seed
     """One point: TTFT and ITL over the requests sent in the measured window that completed;
     ``completed_per_s`` = answers that *finished* inside the window (whenever they were sent) per
     second of it, the server's throughput in steady state, compared with ``sent_per_s``."""
-    offsets = poisson_offsets(qps, plan.warmup_s + plan.duration_s, seed)
+    offsets = poisson_offsets(qps, plan.duration_s, seed, warmup_s=plan.warmup_s)
     held_start = wl.held_tokens()
     busy0 = wl.busy_picks
     t0, results = asyncio.run(_point(srv, wl, offsets, plan, f"{srv.mode} {phase} {qps:.3g}/s"))

@@ -44,6 +44,7 @@ from bench.serve.modes import CONNECTOR_ENV, MODES, NO_WT, EngineSpec, mode_serv
 from bench.serve.schedule import rotated
 from bench.serve.settle import settle
 from bench.serve.workload import QASpec, QAWorkload, RAGSpec, planned_qa_working_set
+from bench.servers import exit_on_sigterm
 
 log = logging.getLogger("bench.serve")
 PAGE = 16
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-reps", type=int, default=None, help="reps of each sweep setting (default: 2 quick, 3 full)")
     ap.add_argument("--sweep-settings", default="", help="comma-separated max_prefill_tokens (default: 128..2048)")
     a = ap.parse_args(argv)
+    exit_on_sigterm()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)  # the HTTP clients log every request at INFO
     preset = QUICK if a.quick else FULL

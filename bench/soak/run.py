@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.run_all import BENCHES, all_met, lookup, machine_facts, verdict
+from bench.servers import exit_on_sigterm
 from bench.soak.cluster import Cluster
 from bench.soak.dos import DosProbes, Measure
 from bench.soak.figures import check_answers, cross_tenant_hits, during_outages, memory_figures
@@ -265,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", default="", help="keep logs and data in this directory")
     ap.add_argument("--duration", type=float, default=0, help="seconds of soak (default: the plan's; faults past it are skipped)")
     a = ap.parse_args(argv)
+    exit_on_sigterm()
     before = machine_facts()
     t0 = time.monotonic()
     plan = QUICK if a.quick else FULL

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.servers import S3Endpoint, prepare_bucket, redis_server, seaweedfs_s3
+from bench.servers import S3Endpoint, exit_on_sigterm, prepare_bucket, redis_server, seaweedfs_s3
 from bench.tiers import figures as fig
 from bench.tiers.baselines import redis_client_like, s3_client_like
 from bench.tiers.disk import bench_disk
@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-huge-pages", action="store_true", help="the cpu tier's arena in reserved hugetlb "
                     "pages, as kvstore serve --cpu-huge-pages (needs vm.nr_hugepages; cpu.page_kind says what it got)")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     start, load_before = time.monotonic(), os.getloadavg()
     tiers: dict[str, dict[str, Any]] = {}
     daemon: dict[str, Any] = {}

@@ -45,6 +45,7 @@ from bench.e2e.support import machine_facts
 from bench.serve.client import at_offsets, client, send
 from bench.serve.figures import point_stats, tokens_by_source
 from bench.serve.workload import Text
+from bench.servers import exit_on_sigterm
 from bench.vllm import fidelity
 from bench.vllm.workload import (
     BLOCK,
@@ -277,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=5.0)
     ap.add_argument("--keep", default="", help="keep every mode's logs under this directory")
     a = ap.parse_args(argv)
+    exit_on_sigterm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     modes = [m for m in a.modes.split(",") if m]
