@@ -265,9 +265,11 @@ def _own_facts(run: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     after = next((facts[k] for k in ("loadavg_after", "loadavg_end") if facts.get(k)), None)
     if before is None or after is None:
         return run
-    machine = dict(run.get("machine_before") or {})
-    machine.update(loadavg=list(before), git_revision=facts.get("git_revision") or machine.get("git_revision", "?"))
-    return {**run, "machine_before": machine, "machine_after": {**(run.get("machine_after") or {}), "loadavg": list(after)}}
+    rev = facts.get("git_revision") or (run.get("machine_before") or {}).get("git_revision", "?")
+    machine = {**(run.get("machine_before") or {}), "loadavg": list(before), "git_revision": rev}
+    wall = doc.get("wall_s", facts.get("wall_s"))  # the run's own length, not the older run_all's
+    return {**run, **({"wall_s": float(wall)} if isinstance(wall, int | float) else {}), "machine_before": machine,
+            "machine_after": {**(run.get("machine_after") or {}), "loadavg": list(after), "git_revision": rev}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,12 +115,14 @@ def test_a_bench_run_by_hand_is_shown_with_its_own_load(tmp_path) -> None:
     run = {"figures": [], "returncode": 0, "wall_s": 1.0, "machine_before": machine, "machine_after": machine}
     (tmp_path / "run_all.json").write_text(json.dumps({"soak": run, "e2e": run}))
     (tmp_path / "soak_quick.json").write_text(json.dumps(
-        {"machine": {"loadavg_before": [5.9, 5, 5], "loadavg_after": [8.7, 8, 8], "git_revision": "b" * 40}}))
+        {"machine": {"loadavg_before": [5.9, 5, 5], "loadavg_after": [8.7, 8, 8], "git_revision": "b" * 40},
+         "wall_s": 2084.0}))
     (tmp_path / "e2e_quick.json").write_text(json.dumps({"machine": {"cores": 2}}))  # no load recorded: as on record
     got = merged(tmp_path / "run_all.json", {})
     assert got["soak"]["machine_before"]["loadavg"][0] == 5.9 and got["soak"]["machine_after"]["loadavg"][0] == 8.7
-    assert got["soak"]["machine_before"]["git_revision"] == "b" * 40
-    assert got["e2e"]["machine_before"]["loadavg"] == [0.1]
+    assert got["soak"]["machine_before"]["git_revision"] == got["soak"]["machine_after"]["git_revision"] == "b" * 40
+    assert got["soak"]["wall_s"] == 2084.0  # its own length, not the older run_all's 1 s
+    assert got["e2e"]["machine_before"]["loadavg"] == [0.1] and got["e2e"]["wall_s"] == 1.0
     assert "5.9 → 8.7" in summary_markdown(got)
 
 
