@@ -29,7 +29,7 @@ import httpx
 import openai
 from tqdm import tqdm
 
-from bench.serve.client import Record, client, closing, open_loop, send
+from bench.serve.client import Record, client, open_loop, send
 from bench.serve.figures import point_stats, scrape
 from bench.serve.knee import find_knee, passes
 from bench.serve.modes import Server
@@ -66,11 +66,10 @@ def offload_queue(port: int) -> Callable[[], float]:
 
 
 async def _point(srv: Server, wl: QAWorkload, offsets: list[float], plan: PointPlan, desc: str):
-    api = client(srv.port)
     bar = tqdm(total=len(offsets), desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
     t0 = time.perf_counter()
 
-    async def one(at_s: float) -> Record:
+    async def one(api: openai.AsyncOpenAI, at_s: float) -> Record:
         await asyncio.sleep(max(0.0, t0 + at_s - time.perf_counter()))
         user = wl.pick()
         try:
@@ -82,13 +81,13 @@ async def _point(srv: Server, wl: QAWorkload, offsets: list[float], plan: PointP
         bar.update(1)
         return rec
 
-    tasks = [asyncio.create_task(one(o)) for o in offsets]
-    deadline = plan.warmup_s + plan.duration_s + plan.drain_s
-    done, pending = await asyncio.wait(tasks, timeout=max(0.0, t0 + deadline - time.perf_counter()))
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    await api.close()
+    async with client(srv.port) as api:  # closed in this loop (after asyncio.run, each connection logs a traceback)
+        tasks = [asyncio.create_task(one(api, o)) for o in offsets]
+        deadline = plan.warmup_s + plan.duration_s + plan.drain_s
+        done, pending = await asyncio.wait(tasks, timeout=max(0.0, t0 + deadline - time.perf_counter()))
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
     bar.close()
     # a task that raised outside the client's own errors (never expected) counts as not completed
     return t0, [t.result() if t in done and t.exception() is None else None for t in tasks]
@@ -121,8 +120,7 @@ def measure_point(srv: Server, wl: QAWorkload, qps: float, plan: PointPlan, seed
 
 def mode_run(srv: Server, wl: QAWorkload, plan: PointPlan, seed: int) -> dict[str, Any]:
     """The first round, then the knee search; every point and the knee with its bracket."""
-    api = client(srv.port)
-    first, _ = asyncio.run(closing(api, open_loop(_first_round(api, srv, wl), 0, f"{srv.mode} first round")))
+    first, _ = asyncio.run(_first_round(srv, wl))
     queue = offload_queue(srv.port)
     points: list[dict[str, Any]] = []
 
@@ -142,14 +140,16 @@ def mode_run(srv: Server, wl: QAWorkload, plan: PointPlan, seed: int) -> dict[st
             "restarts": wl.restarts}
 
 
-def _first_round(api: openai.AsyncOpenAI, srv: Server, wl: QAWorkload):
+async def _first_round(srv: Server, wl: QAWorkload) -> tuple[list[Record], float]:
+    """Every user's first question at once."""
+    async with client(srv.port) as api:
 
-    def job(user: int):
-        async def go() -> Record:
-            wl.waiting.add(user)
-            rec = await send(api, srv.model, f"user{user}", wl.next_turn(user), wl.spec.answer_tokens, salt(srv))
-            wl.answered(user, rec.text)
-            return rec
-        return go
+        def job(user: int):
+            async def go() -> Record:
+                wl.waiting.add(user)
+                rec = await send(api, srv.model, f"user{user}", wl.next_turn(user), wl.spec.answer_tokens, salt(srv))
+                wl.answered(user, rec.text)
+                return rec
+            return go
 
-    return [job(u) for u in range(wl.spec.users)]
+        return await open_loop([job(u) for u in range(wl.spec.users)], 0, f"{srv.mode} first round")

@@ -14,12 +14,10 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import openai
 from tqdm import tqdm
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -38,15 +36,6 @@ class Record:
 
 def client(port: int) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
-
-
-async def closing(api: openai.AsyncOpenAI, aw: Awaitable[T]) -> T:
-    """Await ``aw``, then close ``api``'s connections in the same event loop: left open, the garbage
-    collector closes them after ``asyncio.run`` has closed the loop, logging a traceback for each."""
-    try:
-        return await aw
-    finally:
-        await api.close()
 
 
 async def send(api: openai.AsyncOpenAI, model: str, key: str, messages: list[dict[str, str]], max_tokens: int,

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.serve.client import at_offsets, client, closing, send
+from bench.serve.client import at_offsets, client, send
 from bench.serve.figures import percentile
 from bench.serve.modes import EngineSpec, mode_server
 from bench.serve.schedule import poisson_count, rotated
@@ -96,9 +96,9 @@ def pick(summary: Mapping[int, Mapping[str, Any]], slack: float = TTFT_SLACK) ->
 
 
 async def _one(port: int, model: str, reqs: list, offsets: list[float], answer: int, desc: str):
-    api = client(port)
-    jobs = [lambda m=m: send(api, model, "sweep", m, answer) for m in reqs]
-    return await closing(api, at_offsets(jobs, offsets, desc))
+    async with client(port) as api:  # closed in this loop (after asyncio.run, each connection logs a traceback)
+        jobs = [lambda m=m: send(api, model, "sweep", m, answer) for m in reqs]
+        return await at_offsets(jobs, offsets, desc)
 
 
 def run_sweep(spec: PrefixGroupsSpec, settings: Sequence[int], reps: int, engine: EngineSpec, tokenizer,

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 
 from bench.serve.capacity import salt
-from bench.serve.client import Job, client, closing, open_loop, send
+from bench.serve.client import Job, Record, client, open_loop, send
 from bench.serve.figures import point_stats
 from bench.serve.modes import Server
 from bench.serve.workload import RAGSpec, RAGWorkload
@@ -25,10 +25,12 @@ def _jobs(api: openai.AsyncOpenAI, srv: Server, wl: RAGWorkload, n: int) -> list
     return [job(i) for i in range(n)]
 
 
+async def _warm_then_measure(srv: Server, wl: RAGWorkload, qps: float) -> tuple[list[Record], float]:
+    async with client(srv.port) as api:  # one client, closed in the loop that used it
+        await open_loop(_jobs(api, srv, wl, wl.spec.requests), 0, f"{srv.mode} rag warm-up")
+        return await open_loop(_jobs(api, srv, wl, wl.spec.requests), qps, f"{srv.mode} rag")
+
+
 def rag_point(srv: Server, spec: RAGSpec, tokenizer, qps: float) -> dict[str, Any]:
-    wl = RAGWorkload(spec, tokenizer)
-    api = client(srv.port)
-    asyncio.run(closing(api, open_loop(_jobs(api, srv, wl, spec.requests), 0, f"{srv.mode} rag warm-up")))
-    api = client(srv.port)
-    recs, secs = asyncio.run(closing(api, open_loop(_jobs(api, srv, wl, spec.requests), qps, f"{srv.mode} rag")))
+    recs, secs = asyncio.run(_warm_then_measure(srv, RAGWorkload(spec, tokenizer), qps))
     return point_stats(recs, secs)

@@ -47,25 +47,25 @@ async def check(port: int, model: str, metrics: Callable[[], dict[str, float]], 
                 publish_s: float = 20.0) -> dict[str, Any]:  # fmt: skip
     """Steps 1-3 for each of ``prompts`` (workload requests); ``fillers[i]`` (chat messages of new
     text) together hold more blocks than the pool. Per prompt and in total."""
-    api = client(port)
     rows = []
-    for i, p in enumerate(prompts):
-        fresh = await _answer(api, model, f"{p.key}-fresh", p.messages, answer_tokens)
-        local = await _answer(api, model, f"{p.key}-local", p.messages, answer_tokens)
-        for j, f in enumerate(fillers[i]):
-            await _answer(api, model, f"filler{i}.{j}", f, 2)
-        await asyncio.sleep(0.5)  # the prompt's write-through saves land (they run off the step)
-        before = loaded_blocks(metrics())
-        again = await _answer(api, model, f"{p.key}-loaded", p.messages, answer_tokens)
-        expected = (local.prompt_tokens - 1) // block  # vLLM computes the last prompt token itself
-        end = time.monotonic() + publish_s  # vLLM publishes connector stats a step later
-        got = loaded_blocks(metrics()) - before
-        while got < expected and time.monotonic() < end:
-            await asyncio.sleep(0.2)
+    async with client(port) as api:  # closed in this loop (after asyncio.run, each connection logs a traceback)
+        for i, p in enumerate(prompts):
+            fresh = await _answer(api, model, f"{p.key}-fresh", p.messages, answer_tokens)
+            local = await _answer(api, model, f"{p.key}-local", p.messages, answer_tokens)
+            for j, f in enumerate(fillers[i]):
+                await _answer(api, model, f"filler{i}.{j}", f, 2)
+            await asyncio.sleep(0.5)  # the prompt's write-through saves land (they run off the step)
+            before = loaded_blocks(metrics())
+            again = await _answer(api, model, f"{p.key}-loaded", p.messages, answer_tokens)
+            expected = (local.prompt_tokens - 1) // block  # vLLM computes the last prompt token itself
+            end = time.monotonic() + publish_s  # vLLM publishes connector stats a step later
             got = loaded_blocks(metrics()) - before
-        rows.append({"key": p.key, "prompt_tokens": local.prompt_tokens, "expected_blocks": expected,
-                     "loaded_blocks": int(got), "loaded_equals_local": again.text == local.text,
-                     "fresh_equals_local": fresh.text == local.text})  # fmt: skip
+            while got < expected and time.monotonic() < end:
+                await asyncio.sleep(0.2)
+                got = loaded_blocks(metrics()) - before
+            rows.append({"key": p.key, "prompt_tokens": local.prompt_tokens, "expected_blocks": expected,
+                         "loaded_blocks": int(got), "loaded_equals_local": again.text == local.text,
+                         "fresh_equals_local": fresh.text == local.text})  # fmt: skip
     return summary(rows)
 
 

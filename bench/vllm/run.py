@@ -143,10 +143,10 @@ def _sources(mode: Mode, before: dict[str, float], after: dict[str, float], recs
 
 
 async def _point(mode: Mode, reqs: list, answer_tokens: int) -> dict[str, Any]:
-    api = client(mode.port)
     before, totals = mode.by_source(), mode.totals()
-    jobs = [lambda r=r: send(api, mode.model, r.key, r.messages, answer_tokens) for r in reqs]
-    recs, secs = await at_offsets(jobs, [r.at_s for r in reqs], f"{mode.name}")
+    async with client(mode.port) as api:  # closed in this loop (after asyncio.run, each connection logs a traceback)
+        jobs = [lambda r=r: send(api, mode.model, r.key, r.messages, answer_tokens) for r in reqs]
+        recs, secs = await at_offsets(jobs, [r.at_s for r in reqs], f"{mode.name}")
     await asyncio.sleep(1.5)  # vLLM publishes its counters a step later
     out = point_stats(recs, secs)
     out["tokens_by_source"] = _sources(mode, before, mode.by_source(), recs)

@@ -40,6 +40,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("mode", ["guarded", "unguarded"])
 def test_sigterm_stops_the_servers_a_bench_started(tmp_path: Path, mode: str) -> None:
     bench = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), mode], stdout=subprocess.PIPE, text=True)
+    daemon = None
     try:
         assert bench.stdout is not None and int(bench.stdout.readline()) == bench.pid
         [daemon] = _children(bench.pid)
@@ -53,7 +54,7 @@ def test_sigterm_stops_the_servers_a_bench_started(tmp_path: Path, mode: str) ->
         assert _alive(daemon) == (mode == "unguarded")
     finally:
         bench.kill()
-        for pid in _children(bench.pid) + ([daemon] if "daemon" in locals() else []):
+        for pid in _children(bench.pid) + ([daemon] if daemon is not None else []):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
