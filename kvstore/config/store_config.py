@@ -163,6 +163,7 @@ class StoreConfig:
     tier_error_rate: float = 0.5  # ... and detaches it when at least this share of them failed ...
     tier_error_min_calls: int = 10  # ... once the window holds at least this many (kvstore/store/breaker.py)
     replay_backlog_keys: int = 65536  # keys a shared tier remembers of writes skipped while detached, replayed at attach (0 = off)
+    replay_park_bytes: int = 64 * 1024**2  # blocks evicted with nowhere to land while they await a replay, kept in memory (0 = off)
     spill_put_timeout_s: float = 5.0  # a call finding the spill queue full waits this long; then its block is not stored below
     traces_dir: str = ""  # TraceStart writes only here ("" = $TIERKV_CACHE_DIR/traces)
     trace_max_records: int = 4_000_000  # the largest trace ring a TraceStart may ask for (24 B a record: 96 MB)
@@ -235,6 +236,8 @@ class StoreConfig:
         if not 0 <= self.replay_backlog_keys <= MAX_REPLAY_BACKLOG_KEYS:
             raise ConfigError(f"replay_backlog_keys must be in 0..{MAX_REPLAY_BACKLOG_KEYS} (0 = no replay), got "
                               f"{self.replay_backlog_keys}")
+        if self.replay_park_bytes < 0:
+            raise ConfigError(f"replay_park_bytes must be >= 0 (0 = none kept), got {self.replay_park_bytes}")
         _positive(self, "spill_put_timeout_s")
         from kvstore.ops.trace import MAX_RECORDS  # local: keep config import-light
 

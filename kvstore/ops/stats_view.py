@@ -17,7 +17,7 @@ JSON_VERSION = 1
 TIER_KEYS = ("name", "used_bytes", "capacity_bytes", "blocks", "hits", "misses", "hit_ratio", "evictions",
              "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "available", "last_error",
              "refused", "detaches", "attaches", "skipped_writes", "quota_spills", "replayed", "replay_dropped",
-             "replay_skipped")
+             "replay_skipped", "replay_parked")
 TENANT_KEYS = ("tier", "tenant", "used_bytes", "blocks", "quota_spills")
 TABLE_TENANTS = 10  # tenants the table shows per tier (the JSON has every one the daemon sent)
 

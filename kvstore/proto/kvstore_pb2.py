@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rkvstore.proto\x12\x11tierkv.kvstore.v1\"D\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x13\n\x0bwrite_check\x18\x02 \x01(\x08\x12\x10\n\x08in_place\x18\x03 \x01(\x08\"\x8c\x01\n\x0eLookupResponse\x12\x12\n\nprefix_len\x18\x01 \x01(\r\x12\r\n\x05tiers\x18\x02 \x03(\t\x12\x14\n\x0c\x65victed_from\x18\x03 \x03(\t\x12\x15\n\rarena_offsets\x18\x04 \x03(\x04\x12\x15\n\rarena_lengths\x18\x05 \x03(\x04\x12\x13\n\x0b\x61rena_token\x18\x06 \x01(\x0c\"D\n\tBlockSpec\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x04\"M\n\x08PutBegin\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.tierkv.kvstore.v1.BlockSpec\x12\x13\n\x0bshm_session\x18\x02 \x01(\t\"7\n\x08PutChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"7\n\x06ShmRef\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"3\n\tPutCommit\x12&\n\x03shm\x18\x01 \x03(\x0b\x32\x19.tierkv.kvstore.v1.ShmRef\"\xa0\x01\n\nPutRequest\x12,\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1b.tierkv.kvstore.v1.PutBeginH\x00\x12,\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1b.tierkv.kvstore.v1.PutChunkH\x00\x12.\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x1c.tierkv.kvstore.v1.PutCommitH\x00\x42\x06\n\x04kind\";\n\x0bPutResponse\x12,\n\x06status\x18\x01 \x03(\x0e\x32\x1c.tierkv.kvstore.v1.PutStatus\"f\n\nGetRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x13\n\x0bshm_session\x18\x02 \x01(\t\x12\x12\n\nshm_offset\x18\x03 \x01(\x04\x12\x12\n\nshm_length\x18\x04 \x01(\x04\x12\r\n\x05\x61rena\x18\x05 \x01(\x08\"i\n\x08ShmBlock\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x03 \x01(\x08\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\r\n\x05\x61rena\x18\x06 \x01(\x08\"\x91\x01\n\x0bGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12(\n\x03shm\x18\x06 \x03(\x0b\x32\x1b.tierkv.kvstore.v1.ShmBlock\x12\r\n\x05lease\x18\x07 \x01(\x04\"\x1d\n\rDeleteRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xc0\x03\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x11\n\tavailable\x18\x05 \x01(\x08\x12\x12\n\nlast_error\x18\x06 \x01(\t\x12\x0c\n\x04hits\x18\x07 \x01(\x04\x12\x0e\n\x06misses\x18\x08 \x01(\x04\x12\x11\n\tevictions\x18\t \x01(\x04\x12\x0e\n\x06spills\x18\n \x01(\x04\x12\x12\n\npromotions\x18\x0b \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x0c \x01(\x04\x12\x0e\n\x06\x65rrors\x18\r \x01(\x04\x12\x12\n\nread_bytes\x18\x0e \x01(\x04\x12\x13\n\x0bwrite_bytes\x18\x0f \x01(\x04\x12\x10\n\x08\x64\x65taches\x18\x10 \x01(\x04\x12\x10\n\x08\x61ttaches\x18\x11 \x01(\x04\x12\x16\n\x0eskipped_writes\x18\x12 \x01(\x04\x12\x0f\n\x07refused\x18\x13 \x01(\x04\x12\x14\n\x0cquota_spills\x18\x14 \x01(\x04\x12\x10\n\x08replayed\x18\x15 \x01(\x04\x12\x16\n\x0ereplay_dropped\x18\x16 \x01(\x04\x12\x16\n\x0ereplay_skipped\x18\x17 \x01(\x04\"e\n\x0bTenantStats\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x14\n\x0cquota_spills\x18\x05 \x01(\x04\"\x9c\x01\n\rStatsResponse\x12+\n\x05tiers\x18\x01 \x03(\x0b\x32\x1c.tierkv.kvstore.v1.TierStats\x12\x16\n\x0epending_blocks\x18\x02 \x01(\x04\x12\x15\n\rpending_bytes\x18\x03 \x01(\x04\x12/\n\x07tenants\x18\x04 \x03(\x0b\x32\x1e.tierkv.kvstore.v1.TenantStats\"b\n\x10\x41ttachShmRequest\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05\x61rena\x18\x05 \x01(\x08\x12\r\n\x05\x62y_fd\x18\x06 \x01(\x08J\x04\x08\x01\x10\x02J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x04nameR\x05tokenR\x03pid\"k\n\x11\x41ttachShmResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06ticket\x18\x05 \x01(\x0c\x12\x0e\n\x06socket\x18\x06 \x01(\tJ\x04\x08\x02\x10\x03J\x04\x08\x04\x10\x05R\x07sessionR\x05\x61rena\"(\n\x08ShmHello\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x04\"b\n\nShmWelcome\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\narena_size\x18\x04 \x01(\x04\x12\x13\n\x0b\x61rena_token\x18\x05 \x01(\x0c\"6\n\x13ReleaseLeaseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06leases\x18\x02 \x03(\x04\"\x16\n\x14ReleaseLeaseResponse\"#\n\x10\x44\x65tachShmRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x13\n\x11\x44\x65tachShmResponse\"\x13\n\x11OpenStreamRequest\"M\n\x12OpenStreamResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0e\n\x06reason\x18\x04 \x01(\t\"5\n\x11TraceStartRequest\x12\x0b\n\x03out\x18\x01 \x01(\t\x12\x13\n\x0bmax_records\x18\x02 \x01(\x04\"\"\n\x12TraceStartResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x12\n\x10TraceStopRequest\"G\n\x11TraceStopResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07records\x18\x02 \x01(\x04\x12\x13\n\x0boverwritten\x18\x03 \x01(\x04*,\n\tPutStatus\x12\n\n\x06STORED\x10\x00\x12\x13\n\x0f\x41LREADY_PRESENT\x10\x01\x32\xeb\x07\n\x07KVStore\x12M\n\x06Lookup\x12 .tierkv.kvstore.v1.LookupRequest\x1a!.tierkv.kvstore.v1.LookupResponse\x12\x46\n\x03Put\x12\x1d.tierkv.kvstore.v1.PutRequest\x1a\x1e.tierkv.kvstore.v1.PutResponse(\x01\x12\x46\n\x03Get\x12\x1d.tierkv.kvstore.v1.GetRequest\x1a\x1e.tierkv.kvstore.v1.GetResponse0\x01\x12G\n\x06GetShm\x12\x1d.tierkv.kvstore.v1.GetRequest\x1a\x1e.tierkv.kvstore.v1.GetResponse\x12M\n\x06\x44\x65lete\x12 .tierkv.kvstore.v1.DeleteRequest\x1a!.tierkv.kvstore.v1.DeleteResponse\x12J\n\x05Stats\x12\x1f.tierkv.kvstore.v1.StatsRequest\x1a .tierkv.kvstore.v1.StatsResponse\x12V\n\tAttachShm\x12#.tierkv.kvstore.v1.AttachShmRequest\x1a$.tierkv.kvstore.v1.AttachShmResponse\x12V\n\tDetachShm\x12#.tierkv.kvstore.v1.DetachShmRequest\x1a$.tierkv.kvstore.v1.DetachShmResponse\x12_\n\x0cReleaseLease\x12&.tierkv.kvstore.v1.ReleaseLeaseRequest\x1a\'.tierkv.kvstore.v1.ReleaseLeaseResponse\x12Y\n\nOpenStream\x12$.tierkv.kvstore.v1.OpenStreamRequest\x1a%.tierkv.kvstore.v1.OpenStreamResponse\x12Y\n\nTraceStart\x12$.tierkv.kvstore.v1.TraceStartRequest\x1a%.tierkv.kvstore.v1.TraceStartResponse\x12V\n\tTraceStop\x12#.tierkv.kvstore.v1.TraceStopRequest\x1a$.tierkv.kvstore.v1.TraceStopResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rkvstore.proto\x12\x11tierkv.kvstore.v1\"D\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x13\n\x0bwrite_check\x18\x02 \x01(\x08\x12\x10\n\x08in_place\x18\x03 \x01(\x08\"\x8c\x01\n\x0eLookupResponse\x12\x12\n\nprefix_len\x18\x01 \x01(\r\x12\r\n\x05tiers\x18\x02 \x03(\t\x12\x14\n\x0c\x65victed_from\x18\x03 \x03(\t\x12\x15\n\rarena_offsets\x18\x04 \x03(\x04\x12\x15\n\rarena_lengths\x18\x05 \x03(\x04\x12\x13\n\x0b\x61rena_token\x18\x06 \x01(\x0c\"D\n\tBlockSpec\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x04\"M\n\x08PutBegin\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.tierkv.kvstore.v1.BlockSpec\x12\x13\n\x0bshm_session\x18\x02 \x01(\t\"7\n\x08PutChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"7\n\x06ShmRef\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"3\n\tPutCommit\x12&\n\x03shm\x18\x01 \x03(\x0b\x32\x19.tierkv.kvstore.v1.ShmRef\"\xa0\x01\n\nPutRequest\x12,\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1b.tierkv.kvstore.v1.PutBeginH\x00\x12,\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1b.tierkv.kvstore.v1.PutChunkH\x00\x12.\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x1c.tierkv.kvstore.v1.PutCommitH\x00\x42\x06\n\x04kind\";\n\x0bPutResponse\x12,\n\x06status\x18\x01 \x03(\x0e\x32\x1c.tierkv.kvstore.v1.PutStatus\"f\n\nGetRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x13\n\x0bshm_session\x18\x02 \x01(\t\x12\x12\n\nshm_offset\x18\x03 \x01(\x04\x12\x12\n\nshm_length\x18\x04 \x01(\x04\x12\r\n\x05\x61rena\x18\x05 \x01(\x08\"i\n\x08ShmBlock\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x03 \x01(\x08\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\r\n\x05\x61rena\x18\x06 \x01(\x08\"\x91\x01\n\x0bGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12(\n\x03shm\x18\x06 \x03(\x0b\x32\x1b.tierkv.kvstore.v1.ShmBlock\x12\r\n\x05lease\x18\x07 \x01(\x04\"\x1d\n\rDeleteRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xd7\x03\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x11\n\tavailable\x18\x05 \x01(\x08\x12\x12\n\nlast_error\x18\x06 \x01(\t\x12\x0c\n\x04hits\x18\x07 \x01(\x04\x12\x0e\n\x06misses\x18\x08 \x01(\x04\x12\x11\n\tevictions\x18\t \x01(\x04\x12\x0e\n\x06spills\x18\n \x01(\x04\x12\x12\n\npromotions\x18\x0b \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x0c \x01(\x04\x12\x0e\n\x06\x65rrors\x18\r \x01(\x04\x12\x12\n\nread_bytes\x18\x0e \x01(\x04\x12\x13\n\x0bwrite_bytes\x18\x0f \x01(\x04\x12\x10\n\x08\x64\x65taches\x18\x10 \x01(\x04\x12\x10\n\x08\x61ttaches\x18\x11 \x01(\x04\x12\x16\n\x0eskipped_writes\x18\x12 \x01(\x04\x12\x0f\n\x07refused\x18\x13 \x01(\x04\x12\x14\n\x0cquota_spills\x18\x14 \x01(\x04\x12\x10\n\x08replayed\x18\x15 \x01(\x04\x12\x16\n\x0ereplay_dropped\x18\x16 \x01(\x04\x12\x16\n\x0ereplay_skipped\x18\x17 \x01(\x04\x12\x15\n\rreplay_parked\x18\x18 \x01(\x04\"e\n\x0bTenantStats\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x14\n\x0cquota_spills\x18\x05 \x01(\x04\"\x9c\x01\n\rStatsResponse\x12+\n\x05tiers\x18\x01 \x03(\x0b\x32\x1c.tierkv.kvstore.v1.TierStats\x12\x16\n\x0epending_blocks\x18\x02 \x01(\x04\x12\x15\n\rpending_bytes\x18\x03 \x01(\x04\x12/\n\x07tenants\x18\x04 \x03(\x0b\x32\x1e.tierkv.kvstore.v1.TenantStats\"b\n\x10\x41ttachShmRequest\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05\x61rena\x18\x05 \x01(\x08\x12\r\n\x05\x62y_fd\x18\x06 \x01(\x08J\x04\x08\x01\x10\x02J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05R\x04nameR\x05tokenR\x03pid\"k\n\x11\x41ttachShmResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06ticket\x18\x05 \x01(\x0c\x12\x0e\n\x06socket\x18\x06 \x01(\tJ\x04\x08\x02\x10\x03J\x04\x08\x04\x10\x05R\x07sessionR\x05\x61rena\"(\n\x08ShmHello\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x04\"b\n\nShmWelcome\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\narena_size\x18\x04 \x01(\x04\x12\x13\n\x0b\x61rena_token\x18\x05 \x01(\x0c\"6\n\x13ReleaseLeaseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06leases\x18\x02 \x03(\x04\"\x16\n\x14ReleaseLeaseResponse\"#\n\x10\x44\x65tachShmRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x13\n\x11\x44\x65tachShmResponse\"\x13\n\x11OpenStreamRequest\"M\n\x12OpenStreamResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0e\n\x06reason\x18\x04 \x01(\t\"5\n\x11TraceStartRequest\x12\x0b\n\x03out\x18\x01 \x01(\t\x12\x13\n\x0bmax_records\x18\x02 \x01(\x04\"\"\n\x12TraceStartResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x12\n\x10TraceStopRequest\"G\n\x11TraceStopResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07records\x18\x02 \x01(\x04\x12\x13\n\x0boverwritten\x18\x03 \x01(\x04*,\n\tPutStatus\x12\n\n\x06STORED\x10\x00\x12\x13\n\x0f\x41LREADY_PRESENT\x10\x01\x32\xeb\x07\n\x07KVStore\x12M\n\x06Lookup\x12 .tierkv.kvstore.v1.LookupRequest\x1a!.tierkv.kvstore.v1.LookupResponse\x12\x46\n\x03Put\x12\x1d.tierkv.kvstore.v1.PutRequest\x1a\x1e.tierkv.kvstore.v1.PutResponse(\x01\x12\x46\n\x03Get\x12\x1d.tierkv.kvstore.v1.GetRequest\x1a\x1e.tierkv.kvstore.v1.GetResponse0\x01\x12G\n\x06GetShm\x12\x1d.tierkv.kvstore.v1.GetRequest\x1a\x1e.tierkv.kvstore.v1.GetResponse\x12M\n\x06\x44\x65lete\x12 .tierkv.kvstore.v1.DeleteRequest\x1a!.tierkv.kvstore.v1.DeleteResponse\x12J\n\x05Stats\x12\x1f.tierkv.kvstore.v1.StatsRequest\x1a .tierkv.kvstore.v1.StatsResponse\x12V\n\tAttachShm\x12#.tierkv.kvstore.v1.AttachShmRequest\x1a$.tierkv.kvstore.v1.AttachShmResponse\x12V\n\tDetachShm\x12#.tierkv.kvstore.v1.DetachShmRequest\x1a$.tierkv.kvstore.v1.DetachShmResponse\x12_\n\x0cReleaseLease\x12&.tierkv.kvstore.v1.ReleaseLeaseRequest\x1a\'.tierkv.kvstore.v1.ReleaseLeaseResponse\x12Y\n\nOpenStream\x12$.tierkv.kvstore.v1.OpenStreamRequest\x1a%.tierkv.kvstore.v1.OpenStreamResponse\x12Y\n\nTraceStart\x12$.tierkv.kvstore.v1.TraceStartRequest\x1a%.tierkv.kvstore.v1.TraceStartResponse\x12V\n\tTraceStop\x12#.tierkv.kvstore.v1.TraceStopRequest\x1a$.tierkv.kvstore.v1.TraceStopResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvstore_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PUTSTATUS']._serialized_start=2716
-  _globals['_PUTSTATUS']._serialized_end=2760
+  _globals['_PUTSTATUS']._serialized_start=2739
+  _globals['_PUTSTATUS']._serialized_end=2783
   _globals['_LOOKUPREQUEST']._serialized_start=36
   _globals['_LOOKUPREQUEST']._serialized_end=104
   _globals['_LOOKUPRESPONSE']._serialized_start=107
@@ -64,39 +64,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATSREQUEST']._serialized_start=1214
   _globals['_STATSREQUEST']._serialized_end=1228
   _globals['_TIERSTATS']._serialized_start=1231
-  _globals['_TIERSTATS']._serialized_end=1679
-  _globals['_TENANTSTATS']._serialized_start=1681
-  _globals['_TENANTSTATS']._serialized_end=1782
-  _globals['_STATSRESPONSE']._serialized_start=1785
-  _globals['_STATSRESPONSE']._serialized_end=1941
-  _globals['_ATTACHSHMREQUEST']._serialized_start=1943
-  _globals['_ATTACHSHMREQUEST']._serialized_end=2041
-  _globals['_ATTACHSHMRESPONSE']._serialized_start=2043
-  _globals['_ATTACHSHMRESPONSE']._serialized_end=2150
-  _globals['_SHMHELLO']._serialized_start=2152
-  _globals['_SHMHELLO']._serialized_end=2192
-  _globals['_SHMWELCOME']._serialized_start=2194
-  _globals['_SHMWELCOME']._serialized_end=2292
-  _globals['_RELEASELEASEREQUEST']._serialized_start=2294
-  _globals['_RELEASELEASEREQUEST']._serialized_end=2348
-  _globals['_RELEASELEASERESPONSE']._serialized_start=2350
-  _globals['_RELEASELEASERESPONSE']._serialized_end=2372
-  _globals['_DETACHSHMREQUEST']._serialized_start=2374
-  _globals['_DETACHSHMREQUEST']._serialized_end=2409
-  _globals['_DETACHSHMRESPONSE']._serialized_start=2411
-  _globals['_DETACHSHMRESPONSE']._serialized_end=2430
-  _globals['_OPENSTREAMREQUEST']._serialized_start=2432
-  _globals['_OPENSTREAMREQUEST']._serialized_end=2451
-  _globals['_OPENSTREAMRESPONSE']._serialized_start=2453
-  _globals['_OPENSTREAMRESPONSE']._serialized_end=2530
-  _globals['_TRACESTARTREQUEST']._serialized_start=2532
-  _globals['_TRACESTARTREQUEST']._serialized_end=2585
-  _globals['_TRACESTARTRESPONSE']._serialized_start=2587
-  _globals['_TRACESTARTRESPONSE']._serialized_end=2621
-  _globals['_TRACESTOPREQUEST']._serialized_start=2623
-  _globals['_TRACESTOPREQUEST']._serialized_end=2641
-  _globals['_TRACESTOPRESPONSE']._serialized_start=2643
-  _globals['_TRACESTOPRESPONSE']._serialized_end=2714
-  _globals['_KVSTORE']._serialized_start=2763
-  _globals['_KVSTORE']._serialized_end=3766
+  _globals['_TIERSTATS']._serialized_end=1702
+  _globals['_TENANTSTATS']._serialized_start=1704
+  _globals['_TENANTSTATS']._serialized_end=1805
+  _globals['_STATSRESPONSE']._serialized_start=1808
+  _globals['_STATSRESPONSE']._serialized_end=1964
+  _globals['_ATTACHSHMREQUEST']._serialized_start=1966
+  _globals['_ATTACHSHMREQUEST']._serialized_end=2064
+  _globals['_ATTACHSHMRESPONSE']._serialized_start=2066
+  _globals['_ATTACHSHMRESPONSE']._serialized_end=2173
+  _globals['_SHMHELLO']._serialized_start=2175
+  _globals['_SHMHELLO']._serialized_end=2215
+  _globals['_SHMWELCOME']._serialized_start=2217
+  _globals['_SHMWELCOME']._serialized_end=2315
+  _globals['_RELEASELEASEREQUEST']._serialized_start=2317
+  _globals['_RELEASELEASEREQUEST']._serialized_end=2371
+  _globals['_RELEASELEASERESPONSE']._serialized_start=2373
+  _globals['_RELEASELEASERESPONSE']._serialized_end=2395
+  _globals['_DETACHSHMREQUEST']._serialized_start=2397
+  _globals['_DETACHSHMREQUEST']._serialized_end=2432
+  _globals['_DETACHSHMRESPONSE']._serialized_start=2434
+  _globals['_DETACHSHMRESPONSE']._serialized_end=2453
+  _globals['_OPENSTREAMREQUEST']._serialized_start=2455
+  _globals['_OPENSTREAMREQUEST']._serialized_end=2474
+  _globals['_OPENSTREAMRESPONSE']._serialized_start=2476
+  _globals['_OPENSTREAMRESPONSE']._serialized_end=2553
+  _globals['_TRACESTARTREQUEST']._serialized_start=2555
+  _globals['_TRACESTARTREQUEST']._serialized_end=2608
+  _globals['_TRACESTARTRESPONSE']._serialized_start=2610
+  _globals['_TRACESTARTRESPONSE']._serialized_end=2644
+  _globals['_TRACESTOPREQUEST']._serialized_start=2646
+  _globals['_TRACESTOPREQUEST']._serialized_end=2664
+  _globals['_TRACESTOPRESPONSE']._serialized_start=2666
+  _globals['_TRACESTOPRESPONSE']._serialized_end=2737
+  _globals['_KVSTORE']._serialized_start=2786
+  _globals['_KVSTORE']._serialized_end=3789
 # @@protoc_insertion_point(module_scope)

@@ -167,7 +167,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("name", "used_bytes", "capacity_bytes", "blocks", "available", "last_error", "hits", "misses", "evictions", "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "detaches", "attaches", "skipped_writes", "refused", "quota_spills", "replayed", "replay_dropped", "replay_skipped")
+    __slots__ = ("name", "used_bytes", "capacity_bytes", "blocks", "available", "last_error", "hits", "misses", "evictions", "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "detaches", "attaches", "skipped_writes", "refused", "quota_spills", "replayed", "replay_dropped", "replay_skipped", "replay_parked")
     NAME_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class TierStats(_message.Message):
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     REPLAY_DROPPED_FIELD_NUMBER: _ClassVar[int]
     REPLAY_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_PARKED_FIELD_NUMBER: _ClassVar[int]
     name: str
     used_bytes: int
     capacity_bytes: int
@@ -214,7 +215,8 @@ class TierStats(_message.Message):
     replayed: int
     replay_dropped: int
     replay_skipped: int
-    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., available: _Optional[bool] = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., spills: _Optional[int] = ..., promotions: _Optional[int] = ..., dropped: _Optional[int] = ..., errors: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ..., detaches: _Optional[int] = ..., attaches: _Optional[int] = ..., skipped_writes: _Optional[int] = ..., refused: _Optional[int] = ..., quota_spills: _Optional[int] = ..., replayed: _Optional[int] = ..., replay_dropped: _Optional[int] = ..., replay_skipped: _Optional[int] = ...) -> None: ...
+    replay_parked: int
+    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., available: _Optional[bool] = ..., last_error: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., spills: _Optional[int] = ..., promotions: _Optional[int] = ..., dropped: _Optional[int] = ..., errors: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ..., detaches: _Optional[int] = ..., attaches: _Optional[int] = ..., skipped_writes: _Optional[int] = ..., refused: _Optional[int] = ..., quota_spills: _Optional[int] = ..., replayed: _Optional[int] = ..., replay_dropped: _Optional[int] = ..., replay_skipped: _Optional[int] = ..., replay_parked: _Optional[int] = ...) -> None: ...
 
 class TenantStats(_message.Message):
     __slots__ = ("tier", "tenant", "used_bytes", "blocks", "quota_spills")

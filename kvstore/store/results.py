@@ -56,6 +56,8 @@ class TierCounters:
                                    "full (replay_backlog_keys): those blocks are not replayed")
     replay_skipped: int = _counter("Keys of this tier's replay backlog not replayed: no level held the block any "
                                    "more (deleted or evicted meanwhile), or it failed verification")
+    replay_parked: int = _counter("Blocks pushed out of the tier above while this tier was detached, with nowhere "
+                                  "to land, kept in the daemon's memory for this tier's replay (replay_park_bytes)")
 
 
 @dataclass(kw_only=True)

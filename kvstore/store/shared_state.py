@@ -22,6 +22,7 @@ from kvstore.block import block_fault
 from kvstore.store.breaker import Prober
 from kvstore.store.miss_reasons import Ghosts
 from kvstore.store.observers import NullObserver, Observer
+from kvstore.store.parked import MAX_BYTES, Parked
 from kvstore.store.tier_bookkeeping import Level
 from tiers.base import Buffer
 
@@ -45,11 +46,13 @@ def frozen_copy(data: Buffer) -> bytes:
 class StoreState:
     """The ordered levels, their lock, blocks in flight, per-key hit counts and recent evictions."""
 
-    def __init__(self, levels: list[Level], observer: Observer | None = None, ghosts_per_tier: int = 16384) -> None:
+    def __init__(self, levels: list[Level], observer: Observer | None = None, ghosts_per_tier: int = 16384,
+                 park_bytes: int = MAX_BYTES) -> None:
         self.levels = levels
         self.obs: Observer = observer or NullObserver()
         self.lock = threading.RLock()
         self.pending: dict[bytes, Job] = {}
+        self.parked = Parked(park_bytes)  # pending jobs that could land nowhere, kept for a replay
         self.hits: dict[bytes, int] = {}
         self.ghosts = Ghosts([lv.name for lv in levels], ghosts_per_tier)  # keys each level evicted lately
         self.prober = Prober(levels, self.lock)
@@ -118,8 +121,27 @@ class StoreState:
             self.forget_if_gone(key)
             return []
         job = Job(key, frozen_copy(data), target, True)
+        self.parked.unpark(key)  # a parked block promoted and evicted again: this job replaces it
         self.pending[key] = job
         return [job]
+
+    def park(self, job: Job) -> bool:
+        """Keep ``job``, a block that could land nowhere while some level below that skipped it is
+        detached, in ``pending`` for that level's replay (caller holds the lock; kvstore/store/parked.py).
+        False when it is not kept (no room); the oldest parked blocks may be dropped for it."""
+        dropped = self.parked.park(job)
+        for old in dropped:
+            if self.pending.get(old.key) is old:
+                del self.pending[old.key]
+                self.forget_if_gone(old.key)
+        return not any(old is job for old in dropped)
+
+    def unpark(self, key: bytes) -> None:
+        """A level holds ``key`` now (or it was deleted): its parked job, if any, is let go
+        (caller holds the lock)."""
+        job = self.parked.unpark(key)
+        if job is not None and self.pending.get(key) is job:
+            del self.pending[key]
 
     def evicted(self, lv: Level, key: bytes) -> None:
         """``lv`` pushed ``key`` out (caller holds the lock; the key may live on below)."""

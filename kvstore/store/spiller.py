@@ -14,6 +14,8 @@ The worker also replays a level's backlog when the prober attaches it again (``r
 kvstore/store/replay.py): a batch of keys per turn, each read from where it still lives and
 landed like a write-through copy, then the rest queued again behind the jobs that came meanwhile,
 so a long backlog neither delays other spills for long nor holds more than one block in memory.
+A block that could land nowhere while a level below that skipped it is detached is parked for its
+replay (kvstore/store/parked.py) rather than dropped.
 """
 
 from __future__ import annotations
@@ -143,14 +145,24 @@ class Spiller:
                     lv.counters.write_bytes += size
                     if job.move:
                         self._c.pending.pop(job.key, None)
+                    self._c.unpark(job.key)  # a replay landed a parked block: a level holds it now
                     return True
             self._c.guard(lv, lambda lv=lv: lv.tier.delete(job.key))  # deleted meanwhile
             return False
         with self._c.lock:  # nowhere to land (admission, or every level below is down)
             if job.move and self._c.pending.get(job.key) is job:
-                del self._c.pending[job.key]
-                self._c.forget_if_gone(job.key)
+                if (waiting := self._replay_level(job)) is not None and self._c.park(job):
+                    waiting.counters.replay_parked += 1  # kept for that replay (kvstore/store/parked.py)
+                    return False
+                if self._c.pending.get(job.key) is job:
+                    del self._c.pending[job.key]
+                    self._c.forget_if_gone(job.key)
         return False
+
+    def _replay_level(self, job: Job) -> Level | None:
+        """The first level at or below ``job``'s target that skipped its block and will replay it
+        once attached again (None: none will; caller holds the lock)."""
+        return next((lv for lv in self._c.levels[job.target:] if job.key in lv.backlog), None)
 
     def _replay(self, r: Replay) -> None:
         """Replay one batch of a backlog, then queue the rest behind the jobs queued meanwhile."""

@@ -80,6 +80,7 @@ def build_store(cfg: StoreConfig, observer: Observer | None = None) -> TieredSto
             observer=observer,
             spill_put_timeout_s=cfg.spill_put_timeout_s,
             replay_backlog_keys=cfg.replay_backlog_keys,
+            replay_park_bytes=cfg.replay_park_bytes,
             breaker=BreakerPolicy.from_retry(cfg.tier_retry_s, cfg.tier_detach_after, window=cfg.tier_error_window,
                                              rate=cfg.tier_error_rate, min_calls=cfg.tier_error_min_calls),
         )

@@ -27,7 +27,9 @@ Why this shape:
 - A shared or write-through tier remembers the keys whose writes it skipped while detached (up to
   ``replay_backlog_keys``) and, once attached again, the spill worker replays them from the levels
   that still hold them (kvstore/store/replay.py): blocks put while a node was cut off from Redis
-  or S3 reach them after the heal, so other nodes find them.
+  or S3 reach them after the heal, so other nodes find them. Such a block pushed out of the cpu
+  tier meanwhile, with every level below detached, is parked in memory for that replay (up to
+  ``replay_park_bytes``, kvstore/store/parked.py) instead of being dropped.
 - The index of a persistent private tier is rebuilt from ``tier.scan()`` at start, so the disk
   tier is found again after a restart (even after SIGKILL). A shared tier (Redis, S3) is never
   scanned or trimmed: its server enforces the budget (see Level and kvstore/README.md).
@@ -59,6 +61,7 @@ from kvstore.errors import StoreClosed
 from kvstore.store.breaker import Breaker, BreakerPolicy
 from kvstore.store.miss_reasons import LookupCounts
 from kvstore.store.observers import OP_GET, OP_LOOKUP, OP_PUT, AccessObserver, Observer
+from kvstore.store.parked import MAX_BYTES as PARK_MAX_BYTES
 from kvstore.store.replay import MAX_KEYS, Backlog
 from kvstore.store.results import LookupResult, StoreStats, TenantStats, TierStats
 from kvstore.store.shared_state import Job, StoreState, frozen_copy
@@ -87,6 +90,7 @@ class TieredStore:
         spill_put_timeout_s: float | None = None,
         breaker: BreakerPolicy | None = None,
         replay_backlog_keys: int = MAX_KEYS,
+        replay_park_bytes: int = PARK_MAX_BYTES,
     ) -> None:
         """``tier_retry_s``: first probe of a detached tier (backoff to 10x); ``detach_after``:
         consecutive errors that detach a tier; ``tenant_quota_bytes``: bytes each tenant may hold in
@@ -94,13 +98,15 @@ class TieredStore:
         call waits for room in the full spill queue (None: for ever; kvstore/store/spiller.py);
         ``breaker``: the whole circuit-breaker policy (overrides the two above); ``replay_backlog_keys``:
         keys each shared or write-through level remembers of the writes it skipped while detached,
-        replayed when it is attached again (0: none; kvstore/store/replay.py)."""
+        replayed when it is attached again (0: none; kvstore/store/replay.py); ``replay_park_bytes``:
+        bytes of such blocks kept for their replay when they could land nowhere (kvstore/store/parked.py)."""
         if not levels:
             raise ValueError("TieredStore needs at least one tier")
         policy = breaker or BreakerPolicy.from_retry(tier_retry_s, detach_after)
         self._state = StoreState([Level(t, o, breaker=Breaker(policy), quota=tenant_quota_bytes if i == 0 else 0,
                                         backlog=Backlog(replay_backlog_keys))
-                                  for i, (t, o) in enumerate(levels)], observer, ghosts_per_tier)
+                                  for i, (t, o) in enumerate(levels)], observer, ghosts_per_tier,
+                                 park_bytes=replay_park_bytes)
         self.levels = self._state.levels
         self.promote_on_hit = promote_on_hit
         self._obs = self._state.obs
@@ -261,6 +267,7 @@ class TieredStore:
         lower: list[Level] = []
         with self._lock:
             self._check_open()
+            self._state.parked.unpark(key)
             found = self._pending.pop(key, None) is not None
             self._hits.pop(key, None)
             self._state.ghosts.forget(key)

@@ -105,7 +105,7 @@ STABLE_TIER_KEYS = {"name", "used_bytes", "capacity_bytes", "blocks", "hits", "m
                     "spills", "promotions", "dropped", "errors", "read_bytes", "write_bytes", "available", "last_error",
                     "refused", "detaches", "attaches", "skipped_writes",  # the circuit breaker's (added, never renamed)
                     "quota_spills",  # the tenant quota's
-                    "replayed", "replay_dropped", "replay_skipped"}  # the replay of writes skipped while detached
+                    "replayed", "replay_dropped", "replay_skipped", "replay_parked"}  # the replay of writes skipped while detached
 
 
 def test_stats_hit_ratio_json_and_watch(capsys: pytest.CaptureFixture[str]) -> None:
