@@ -13,7 +13,9 @@ on until a round is clean on every node, so the next fault starts from a working
 - ``node_partitioned``: the last node's link down for ``during`` rounds, then up; ``recovery_s``:
   link up to the end of its first round reading another node's blocks whole;
   ``cut_puts_shared_after``: the share of the blocks it put while cut off that another node finds
-  once it is back.
+  once it is back; ``network_back_s``: link up to the first TCP connect from the node to any Redis
+  node that completes (bench/cluster/reach_watch.py: the kernel's floor, no daemon involved), and
+  ``rounds_after_network``: the rounds to recover that ended after it (the daemon's own share).
 - ``node_blackholed``: the same node cut off the other way, every packet of its link dropped with
   its carrier up (a switch or router failing, ``Topology.blackhole``), then let through again. A
   link taken down loses its carrier, which flushes the node's neighbour table: after the heal
@@ -42,12 +44,15 @@ every run's beside it.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from bench.cluster.harness import ClusterHarness
+from bench.cluster.reach_watch import ReachWatch
 from bench.cluster.rounds import Round, run_round, summed, tag
 
 
@@ -167,14 +172,34 @@ def node_blackholed(d: Driver) -> dict[str, object]:
 
 
 def _cut(d: Driver, inject: Callable[[str], None], heal: Callable[[str], None]) -> dict[str, object]:
-    """The last node cut off by ``inject(its name)``, then ``heal(its name)``."""
+    """The last node cut off by ``inject(its name)``, then ``heal(its name)``; from the heal a
+    ``ReachWatch`` times when the network lets the node reach Redis again (``network_back_s``)."""
     node = len(d.h.nodes) - 1
     name = d.h.nodes[node]
     first = d.r + 1
-    out = d.run(lambda: inject(name), lambda: heal(name), [node])
+    redis = [(str(u.hostname), int(u.port or 6379)) for u in map(urlsplit, d.h.redis.urls)]
+    watches: list[ReachWatch] = []
+
+    def healed() -> None:
+        heal(name)
+        watches.append(ReachWatch(d.h.topo.entered(name), redis).start())
+
+    out = d.run(lambda: inject(name), healed, [node])
+    out["network_back_s"] = back = watches[0].stop() if watches else None
+    out["rounds_after_network"] = _rounds_after(out, back)
     out["node"] = name
     out["cut_puts_shared_after"] = _shared_later(d, node, range(first, first + int(out["rounds_during"])))  # type: ignore[call-overload]
     return out
+
+
+def _rounds_after(out: dict[str, object], back: float | None) -> int | None:
+    """Of the rounds after the heal up to the one that recovered, those that ended after the network
+    let the node through again (``back`` s after the heal): the daemon's own share of the recovery.
+    Rounds follow each other back to back, so a round's end is the sum of the rounds' seconds so far."""
+    if back is None or not out["recovered"]:
+        return None
+    ends = itertools.accumulate(float(r["s"]) for r in out["after_heal"][:int(out["rounds_to_recover"])])  # type: ignore[index,call-overload]
+    return sum(end > back for end in ends)
 
 
 def _shared_later(d: Driver, node: int, rounds: range) -> float | None:
@@ -236,7 +261,8 @@ def daemon_restarted_smaller(d: Driver) -> dict[str, object]:
 
 EXTRAS: dict[str, Callable[[list[object]], object]] = {  # times: the median; shares and counts: the worst
     "promoted_s": statistics.median, "redis_serving_again_s": statistics.median,
-    "others_hit_rate_during": min, "own_blocks_hits": min, "cut_puts_shared_after": min}
+    "others_hit_rate_during": min, "own_blocks_hits": min, "cut_puts_shared_after": min,
+    "network_back_s": statistics.median, "rounds_after_network": max}
 SUMMED = ("wrong_outputs", "client_errors", "requests", "unavailable", "hits", "asked", "puts_not_landed")
 
 
