@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine import limits
@@ -55,6 +56,12 @@ TOKENIZER_THREADS = 2  # prompts tokenised at once, off the event loop
 RETRY_AFTER = {"Retry-After": "1"}  # on a 429 or 503: seconds
 LIMITED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})  # the requests counted in flight
 T = TypeVar("T")
+
+
+def too_large(max_body: int, size: int | None = None) -> str:
+    """The one message of a 413, whether the body declared its length or was cut off reading it."""
+    has = f"has {size} bytes" if size is not None else "is longer than that (chunked)"
+    return f"Content Too Large: at most {max_body} bytes of body are accepted, the body {has}"
 
 
 def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None,
@@ -134,8 +141,7 @@ class _CloseUnread:
         headers = dict(scope.get("headers") or ())
         declared = headers.get(b"content-length", b"").strip()
         if declared.isdigit() and (size := int(declared)) > self.max_body:
-            resp = _error(413, f"Content Too Large: the body has {size} bytes, at most {self.max_body} are accepted",
-                          headers={"connection": "close"})
+            resp = _error(413, too_large(self.max_body, size), headers={"connection": "close"})
             return await resp(scope, receive, send)
         unread = [headers.get(b"transfer-encoding", b"").lower() == b"chunked" or declared not in (b"", b"0")]
 
@@ -226,6 +232,14 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
     if api_keys is not None:  # outside the in-flight limit: a request's share is its key's tenant's
         app.add_middleware(_ApiKeys, api_keys=api_keys)  # type: ignore[arg-type]
     created = int(time.time())
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        """Starlette's own refusals (a chunked body past the limit, an unknown path or method) in the
+        same OpenAI-style body as every other error, not FastAPI's ``{"detail": ...}``."""
+        message = too_large(body_bound) if exc.status_code == 413 else str(exc.detail)
+        return _error(exc.status_code, message, etype="server_error" if exc.status_code >= 500 else
+                      "invalid_request_error", headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

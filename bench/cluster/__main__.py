@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text + "\n")
     summary = {k: res[k] for k in ("nodes", "cross_node_hit_rate", "regret_by_link", "decisions_by_link") if k in res}
     if "faults" in res:
-        shown = ("wrong_outputs", "client_errors", "recovery_s", "rounds_to_recover", "network_back_s",
+        shown = ("wrong_outputs", "client_errors", "recovery_s", "rounds_to_recover", "network_first_s", "network_back_s",
                  "rounds_after_network", "cut_puts_shared_after")
         summary["faults"] = {k: {f: v.get(f) for f in shown if f in v}  # type: ignore[union-attr,operator]
                              for k, v in res["faults"].items()}  # type: ignore[union-attr]

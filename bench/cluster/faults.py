@@ -13,9 +13,10 @@ on until a round is clean on every node, so the next fault starts from a working
 - ``node_partitioned``: the last node's link down for ``during`` rounds, then up; ``recovery_s``:
   link up to the end of its first round reading another node's blocks whole;
   ``cut_puts_shared_after``: the share of the blocks it put while cut off that another node finds
-  once it is back; ``network_back_s``: link up to the first TCP connect from the node to any Redis
-  node that completes (bench/cluster/reach_watch.py: the kernel's floor, no daemon involved), and
-  ``rounds_after_network``: the rounds to recover that ended after it (the daemon's own share).
+  once it is back; ``network_first_s`` / ``network_back_s``: link up until a TCP connect from the
+  node to some / to every Redis node completed (bench/cluster/reach_watch.py: the kernel's floor,
+  no daemon involved; a whole read needs every master), and ``rounds_after_network``: the rounds to
+  recover that ended after ``network_back_s`` (the daemon's own share).
 - ``node_blackholed``: the same node cut off the other way, every packet of its link dropped with
   its carrier up (a switch or router failing, ``Topology.blackhole``), then let through again. A
   link taken down loses its carrier, which flushes the node's neighbour table: after the heal
@@ -185,7 +186,8 @@ def _cut(d: Driver, inject: Callable[[str], None], heal: Callable[[str], None]) 
         watches.append(ReachWatch(d.h.topo.entered(name), redis).start())
 
     out = d.run(lambda: inject(name), healed, [node])
-    out["network_back_s"] = back = watches[0].stop() if watches else None
+    out["network_first_s"], out["network_back_s"] = watches[0].stop() if watches else (None, None)
+    back = out["network_back_s"]
     out["rounds_after_network"] = _rounds_after(out, back)
     out["node"] = name
     out["cut_puts_shared_after"] = _shared_later(d, node, range(first, first + int(out["rounds_during"])))  # type: ignore[call-overload]
@@ -262,7 +264,7 @@ def daemon_restarted_smaller(d: Driver) -> dict[str, object]:
 EXTRAS: dict[str, Callable[[list[object]], object]] = {  # times: the median; shares and counts: the worst
     "promoted_s": statistics.median, "redis_serving_again_s": statistics.median,
     "others_hit_rate_during": min, "own_blocks_hits": min, "cut_puts_shared_after": min,
-    "network_back_s": statistics.median, "rounds_after_network": max}
+    "network_first_s": statistics.median, "network_back_s": statistics.median, "rounds_after_network": max}
 SUMMED = ("wrong_outputs", "client_errors", "requests", "unavailable", "hits", "asked", "puts_not_landed")
 
 

@@ -29,10 +29,9 @@ def verdict(status: int, body: bytes, stream: bool = False) -> str | None:
             doc = json.loads(body)
         except ValueError:
             return f"HTTP {status} whose body is not JSON: {body[:120]!r}"
-        err = doc.get("error") if isinstance(doc, dict) else None
-        detail = doc.get("detail") if isinstance(doc, dict) else None  # FastAPI's own 404/405
-        if not (isinstance(err, dict) and err.get("message")) and not detail:
-            return f"HTTP {status} without a message: {body[:120]!r}"
+        err = doc.get("error") if isinstance(doc, dict) else None  # every error, 404/405/413 included
+        if not (isinstance(err, dict) and err.get("message")):
+            return f"HTTP {status} without an OpenAI-style error message: {body[:120]!r}"
         return None
     if status != 200:
         return f"HTTP {status}"

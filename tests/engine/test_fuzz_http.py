@@ -5,6 +5,7 @@ server's memory does not take an oversized body in, and it still answers afterwa
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -81,8 +82,18 @@ def test_an_oversized_body_is_413_and_never_held(server: Server, how: str) -> No
         done.set()
         watcher.join()
     assert r.status_code == 413 and "Too Large" in r.text, r.text
+    error = r.json()["error"]  # the one error body, whichever layer refused it
+    assert error["type"] == "invalid_request_error" and re.match(r"Content Too Large: at most \d+ bytes of body are "
+                                                                 r"accepted, the body (has \d+ bytes|is longer)", error["message"]), error
     assert peak[0] - before < size / 2**20 / 2, (before, peak[0])  # far below the body's 64 MiB
     assert httpx.get(server.base + "/health", timeout=10).status_code == 200
+
+
+def test_an_unknown_path_or_method_gets_the_same_error_body(server: Server) -> None:
+    """Starlette's own 404/405 went out as FastAPI's ``{"detail": ...}``; now as every other error."""
+    for r in (httpx.get(server.base + "/v1/nope", timeout=10), httpx.get(server.base + "/v1/completions", timeout=10)):
+        assert r.status_code in (404, 405) and r.json()["error"]["type"] == "invalid_request_error", r.text
+        assert r.json()["error"]["message"] in ("Not Found", "Method Not Allowed"), r.text
 
 
 def test_a_refused_body_is_not_read_to_its_end(server: Server) -> None:
@@ -131,6 +142,7 @@ def test_the_verdict_can_fail() -> None:
     assert verdict(500, b"Internal Server Error")
     assert verdict(400, b"not json")
     assert verdict(422, b'{"other": 1}')
+    assert verdict(404, b'{"detail": "Not Found"}')  # FastAPI's own shape: the engine answers every error one way
     assert verdict(200, b"data: {}\n\n", stream=True)  # no [DONE]
     assert verdict(400, b'{"error": {"message": "bad"}}') is None
     assert verdict(200, b'{"choices": [{}]}') is None
