@@ -22,6 +22,7 @@ from typing import NamedTuple
 from connector.attribution import UNAVAILABLE, DaemonView
 from connector.config import ConnectorConfig
 from connector.cost_model import CostModel, Decision, EngineLoad, PrefillModel
+from connector.explore import Explorer
 from connector.fetch import Fetcher
 from connector.keys import KeySpace
 from connector.loader import Loader
@@ -41,7 +42,6 @@ from kvstore.store.results import InPlace
 log = logging.getLogger(__name__)
 
 EXPLORE_PAGES = 8  # pages an exploring decision loads: enough that the bytes, not one round trip, set its time
-EXPLORE_EVERY = 32  # a measured tier is explored again once in this many bypasses
 
 
 class LoadPlan(NamedTuple):
@@ -69,7 +69,7 @@ class KVConnector:
         # the lookup worker's own client: a lookup never waits behind a transfer's bulk reads
         self._lookup_client = KVStoreClient(config.address, deadline_s=config.lookup_deadline_s, retry=one_try,
                                             use_shm=False)
-        self._bypassed: dict[str, int] = {}  # bypass decisions per tier (the lookup worker's)
+        self._explorer = Explorer()  # when a bypassed tier is loaded a little anyway (the lookup worker's)
         self.fetcher = Fetcher(self.plan_load, self.load, self.deadline_s, self.metrics, self.page_size,
                                self.pool.bytes_per_page)
         self._save_client = KVStoreClient(config.address, deadline_s=config.offload_deadline_s,
@@ -171,8 +171,9 @@ class KVConnector:
 
         Exploration: a tier the model would bypass is loaded a little anyway (``EXPLORE_PAGES``)
         while no real load ever measured it (its model is the start-up probe's, which a busy moment
-        can make look far too slow), and then once in ``EXPLORE_EVERY`` bypasses (it may have got
-        faster since): otherwise a tier once judged slow is never measured again."""
+        can make look far too slow), and then once it went 32 bypasses and 30 s unmeasured (it may
+        have got faster since; connector/explore.py): otherwise a tier once judged slow is never
+        measured again."""
         d = self.cost.decide_under_load(req.num_computed, req.num_tokens, tiers, load)
         idle = self.cost.decide(req.num_computed, req.num_tokens, tiers)
         m = self.metrics
@@ -180,9 +181,7 @@ class KVConnector:
             m.load_changed.labels(idle.outcome, d.outcome).inc()
         elif d.pages == 0 and self.cfg.load_mode == "auto":  # the tier itself looks slower than recompute
             first = tiers[0] or "?"
-            seen = self._bypassed.get(first, 0)
-            self._bypassed[first] = seen + 1
-            if not self.cost.tier(first).measured or seen % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            if self._explorer.wants(first, self.cost.tier(first).measured):
                 d = self.cost.explore(req.num_computed, req.num_tokens, tiers, load, EXPLORE_PAGES)
         m.decisions.labels(d.tier, d.outcome).inc()
         m.decision_transfer_wait.observe(self.cost.transfer_wait_s(load.inflight_bytes))

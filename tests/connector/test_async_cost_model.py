@@ -144,21 +144,29 @@ def test_a_tier_no_load_ever_measured_is_explored_then_trusted(tiny, tmp_path: P
             detach(eng)
 
 
-def test_a_measured_slow_tier_is_explored_once_in_32_bypasses(tiny, tmp_path: Path) -> None:
-    from connector.connector import EXPLORE_EVERY
+def test_a_measured_slow_tier_is_explored_after_32_bypasses_and_30_s(tiny, tmp_path: Path) -> None:
+    from connector.explore import EXPLORE_AFTER_S, EXPLORE_EVERY, Explorer
     from engine.request import Request
 
     with served(tmp_path, *DAEMON_FLAGS) as d:
         eng = make_engine(tiny)
         conn = _attach(eng, d.address, cpu_bw=1e4)
+        now = [0.0]
+        conn._explorer = Explorer(clock=lambda: now[0])
         try:
             req = Request("r", prompt(120, seed=75), SamplingParams())
-            outcomes = [conn._decide(req, ["cpu"] * 7, IDLE).outcome for _ in range(2 * EXPLORE_EVERY)]
-            assert outcomes.count("explore") == 2 and outcomes.count("recompute") == 2 * EXPLORE_EVERY - 2
-            assert outcomes[EXPLORE_EVERY - 1] == "explore"
+            decide = lambda: conn._decide(req, ["cpu"] * 7, IDLE).outcome  # noqa: E731
+            assert {decide() for _ in range(2 * EXPLORE_EVERY)} == {"recompute"}  # many bypasses, no time
+            now[0] += EXPLORE_AFTER_S
+            assert decide() == "explore"  # both: 64 bypasses and 30 s
+            now[0] += 2 * EXPLORE_AFTER_S
+            outcomes = [decide() for _ in range(EXPLORE_EVERY)]  # time, and then the 32nd bypass
+            assert outcomes.count("explore") == 1 and outcomes[-1] == "explore", outcomes
+            assert conn.metrics.value("tierkv_connector_decisions_total", tier="cpu", outcome="explore") == 2
             busy = EngineLoad({"cpu": 64 * PAGE}, ())  # bypassed because of the load, not the tier: no exploring
             conn.cost.seed("cpu", 0.001, 1e6)
             conn.cost.tier("cpu").measured = 1
+            now[0] += 10 * EXPLORE_AFTER_S
             assert {conn._decide(req, ["cpu"] * 7, busy).outcome for _ in range(2 * EXPLORE_EVERY)} == {"recompute"}
         finally:
             detach(eng)
