@@ -290,7 +290,8 @@ class KVStoreClient:
         r = self._call(lambda: self._stub.Stats(pb.StatsRequest(), timeout=self.deadline_s))
         tiers = [TierStats(**{f.name: getattr(t, f.name) for f in fields(TierStats)}) for t in r.tiers]
         tenants = [TenantStats(**{f: getattr(t, f) for f in TenantStats._fields}) for t in r.tenants]
-        return StoreStats(tiers, r.pending_blocks, r.pending_bytes, tenants)
+        return StoreStats(tiers, r.pending_blocks, r.pending_bytes, tenants, parked_blocks=r.parked_blocks,
+                          parked_bytes=r.parked_bytes)
 
     def trace_start(self, out: str = "", max_records: int = 0) -> str:
         """Start the daemon's access trace (kvstore/ops/trace.py); returns the file ``trace_stop`` writes."""

@@ -44,6 +44,8 @@ def table(st: StoreStats) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=True)]
     lines = ["  ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=True)) for row in (cols, *rows)]
     lines.append(f"spill queue: {st.pending_blocks} blocks, {format_size(st.pending_bytes)}")
+    if st.parked_blocks:
+        lines.append(f"parked for a replay: {st.parked_blocks} blocks, {format_size(st.parked_bytes)}")
     lines += [f"{t.name} last error: {t.last_error}" for t in st.tiers if t.last_error]
     lines += tenant_table(st)
     return "\n".join(lines)
@@ -70,7 +72,8 @@ def as_dict(st: StoreStats, address: str) -> dict[str, Any]:
     tiers = [{k: hit_ratio(t) if k == "hit_ratio" else getattr(t, k) for k in TIER_KEYS} for t in st.tiers]
     tenants = [{k: getattr(t, k) for k in TENANT_KEYS} for t in st.tenants]
     return {"version": JSON_VERSION, "address": address, "time": round(time.time(), 3), "tiers": tiers,
-            "pending_blocks": st.pending_blocks, "pending_bytes": st.pending_bytes, "tenants": tenants}
+            "pending_blocks": st.pending_blocks, "pending_bytes": st.pending_bytes,
+            "parked_blocks": st.parked_blocks, "parked_bytes": st.parked_bytes, "tenants": tenants}
 
 
 def as_json(st: StoreStats, address: str) -> str:

@@ -233,16 +233,20 @@ class TenantStats(_message.Message):
     def __init__(self, tier: _Optional[str] = ..., tenant: _Optional[str] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., quota_spills: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "pending_blocks", "pending_bytes", "tenants")
+    __slots__ = ("tiers", "pending_blocks", "pending_bytes", "tenants", "parked_blocks", "parked_bytes")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     PENDING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PENDING_BYTES_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    PARKED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PARKED_BYTES_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     pending_blocks: int
     pending_bytes: int
     tenants: _containers.RepeatedCompositeFieldContainer[TenantStats]
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pending_blocks: _Optional[int] = ..., pending_bytes: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
+    parked_blocks: int
+    parked_bytes: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pending_blocks: _Optional[int] = ..., pending_bytes: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ..., parked_blocks: _Optional[int] = ..., parked_bytes: _Optional[int] = ...) -> None: ...
 
 class AttachShmRequest(_message.Message):
     __slots__ = ("size", "arena", "by_fd")

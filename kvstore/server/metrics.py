@@ -83,6 +83,11 @@ class _StoreCollector(Collector):
         pend = GaugeMetricFamily("tierkv_spill_queue_bytes", "Bytes waiting to spill to a lower tier")
         pend.add_metric([], float(st.pending_bytes))
         yield pend
+        parked = GaugeMetricFamily("tierkv_replay_parked_bytes", "Bytes of blocks evicted while the shared tiers "
+                                   "that skipped them were detached, kept in memory for their replay "
+                                   "(at most replay_park_bytes)")
+        parked.add_metric([], float(st.parked_bytes))
+        yield parked
         dropped = CounterMetricFamily("tierkv_spill_queue_timeouts", "Blocks a call could not queue to spill "
                                       "within spill_put_timeout_s (the queue stayed full): not stored below")
         dropped.add_metric([], float(st.spill_timeouts))

@@ -146,6 +146,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 tiers=[pb.TierStats(**asdict(t)) for t in st.tiers],
                 pending_blocks=st.pending_blocks,
                 pending_bytes=st.pending_bytes,
+                parked_blocks=st.parked_blocks,
+                parked_bytes=st.parked_bytes,
                 tenants=[pb.TenantStats(**{**t._asdict(), "tenant": show(t.tenant)}) for t in st.tenants],
             )
         st = self.store.stats(only=caller.names)

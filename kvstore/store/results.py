@@ -88,3 +88,5 @@ class StoreStats(NamedTuple):
     pending_bytes: int
     tenants: Sequence[TenantStats] = ()  # per tier, the largest tenants first
     spill_timeouts: int = 0  # blocks a call could not queue to spill in time (kvstore/store/spiller.py): not stored below
+    parked_blocks: int = 0  # blocks kept in memory for a shared tier's replay (kvstore/store/parked.py)
+    parked_bytes: int = 0

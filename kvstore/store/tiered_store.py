@@ -299,7 +299,7 @@ class TieredStore:
             tenants = [TenantStats(lv.name, *row) for lv in self.levels
                        for row in (lv.tenants.rows(tenant_rows) if only is None else lv.tenants.rows_of(only))]
             return StoreStats(tiers, self._spill.pending_jobs, self._spill.pending_bytes, tenants,
-                              self._spill.timeouts)
+                              self._spill.timeouts, len(self._state.parked), self._state.parked.bytes)
 
     def close(self, flush: bool = True) -> None:
         with self._lock:

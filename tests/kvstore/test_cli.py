@@ -124,7 +124,8 @@ def test_stats_hit_ratio_json_and_watch(capsys: pytest.CaptureFixture[str]) -> N
             assert fetch_one(c, b"absent-key-00001") is None and fetch_one(c, b"absent-key-00002") is None
         assert main(["stats", "--address", daemon.address, "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
-        assert {"version", "address", "time", "tiers", "pending_blocks", "pending_bytes"} <= set(doc)
+        assert {"version", "address", "time", "tiers", "pending_blocks", "pending_bytes", "parked_blocks",
+                "parked_bytes"} <= set(doc)
         (cpu,) = doc["tiers"]
         assert set(cpu) == STABLE_TIER_KEYS and cpu["name"] == "cpu" and cpu["blocks"] == 1
         assert cpu["hits"] >= 1 and cpu["misses"] >= 2

@@ -192,8 +192,12 @@ def test_a_block_evicted_with_nowhere_to_land_is_parked_for_the_replay(down_redi
         assert s.flush(30.0)
         assert [s.lookup([_k(i)]).tiers[0] for i in range(6)] == [None, *["cpu"] * 5]
         assert s.get(_k(1)) == _v(1) and not s.put(_k(2), _v(2))
-        st = s.stats().tiers[1]
-        assert st.replay_parked == 3 and s._state.parked.bytes == 2 * size
+        stats = s.stats()
+        assert stats.tiers[1].replay_parked == 3 and (stats.parked_blocks, stats.parked_bytes) == (2, 2 * size)
+        from kvstore.server.metrics import _StoreCollector
+
+        gauge = next(m for m in _StoreCollector(s).collect() if m.name == "tierkv_replay_parked_bytes")
+        assert [x.value for x in gauge.samples] == [2 * size]  # /metrics shows what they hold
         s.put(_k(6), _v(6))  # evicts 3 to park: 1, the oldest parked, is dropped for it
         assert s.flush(30.0) and s._state.parked.bytes == 2 * size
         assert s.lookup([_k(1)]).tiers == [None]
@@ -203,7 +207,7 @@ def test_a_block_evicted_with_nowhere_to_land_is_parked_for_the_replay(down_redi
         assert _held(down_redis.url, list(range(7))) == [3, 4, 6]
         st = s.stats().tiers[1]
         assert st.replayed == 3 and st.replay_skipped == 4 and st.replay_parked == 4  # 0, 1, 2, 5 held nowhere
-        assert len(s._state.parked) == 0 and _k(3) not in s._state.pending  # landed: let go
+        assert s.stats().parked_blocks == 0 and _k(3) not in s._state.pending  # landed: let go
         assert s.lookup([_k(3)]).tiers == ["redis"] and s.get(_k(3)) == _v(3)
 
 
