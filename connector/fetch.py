@@ -4,7 +4,8 @@
   2. pages for the plan, on the engine thread (the allocator and the radix tree are not
      thread-safe): taken at the start for the pages the connector knows the daemon holds, and if
      the plan needs more, in the next poll; when the pool is short, retried every step until the
-     load's deadline;
+     load's deadline, then the plan shrinks to the leading pages the pool gives (the rest is
+     recomputed);
   3. transfer, verify and write into those pages, on the transfer worker (``KVConnector.load``);
      when the pages taken at the start suffice, the lookup move queues it at once (no step has to
      end in between).
@@ -110,8 +111,17 @@ class Fetcher:
         if fresh is None:  # the pool is short now: again next step, until the deadline
             if time.monotonic() < f.deadline_at:
                 return PENDING
+            # Past it, the leading pages the pool gives now load and only the rest is recomputed.
+            # Giving up the whole load would not free the pool: the recompute needs the same pages,
+            # and computing them costs far more than loading (bench.serve past its knee: a third of
+            # the loads ended here and the engine recomputed whole prompts while loads waited).
+            fresh = pages.alloc_upto(need)
             self.metrics.load_failures.labels("no_pages").inc()
-            return self._done(f)
+            keep = len(f.pages) + len(fresh)
+            if not keep:
+                return self._done(f)
+            f.plan = f.plan._replace(keys=f.plan.keys[:keep], tiers=f.plan.tiers[:keep])
+            f.deadline_at = time.monotonic() + self._deadline_s(f.plan.decision)  # the transfer's own
         f.pages += fresh
         self._queue_transfer(req, f)
         f.future, f.next = f.next, None

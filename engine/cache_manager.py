@@ -25,13 +25,17 @@ class HookPages:
     """The ``PageSource`` (engine/hooks.py) handed to hooks: fresh pages (radix leaves are evicted if
     needed) and giving back the ones not handed over; nothing else of the cache."""
 
-    __slots__ = ("_alloc", "_free")
+    __slots__ = ("_alloc", "_alloc_upto", "_free")
 
-    def __init__(self, alloc: Callable[[int], list[int] | None], free: Callable[[Sequence[int]], None]) -> None:
-        self._alloc, self._free = alloc, free
+    def __init__(self, alloc: Callable[[int], list[int] | None], alloc_upto: Callable[[int], list[int]],
+                 free: Callable[[Sequence[int]], None]) -> None:
+        self._alloc, self._alloc_upto, self._free = alloc, alloc_upto, free
 
     def alloc(self, n: int) -> list[int] | None:
         return self._alloc(n)
+
+    def alloc_upto(self, n: int) -> list[int]:
+        return self._alloc_upto(n)
 
     def free(self, pages: Sequence[int]) -> None:
         self._free(pages)
@@ -42,7 +46,7 @@ class CacheManager:
         self.pool = pool
         self.radix = radix
         self.page_size = pool.page_size
-        self.pages = HookPages(self.alloc, self.free)  # what hooks get
+        self.pages = HookPages(self.alloc, self.alloc_upto, self.free)  # what hooks get
 
     def capacity_tokens(self) -> int:
         return self.pool.num_pages * self.page_size
@@ -54,6 +58,13 @@ class CacheManager:
         if n > alloc.num_free():
             self.radix.evict(n - alloc.num_free())
         return alloc.alloc(n)
+
+    def alloc_upto(self, n: int) -> list[int]:
+        """At most n fresh pages: as many as the free list and the evictable radix leaves give."""
+        alloc = self.pool.allocator
+        if n > alloc.num_free():
+            self.radix.evict(n - alloc.num_free())
+        return alloc.alloc(min(n, alloc.num_free())) or []
 
     def free(self, pages: Sequence[int]) -> None:
         """Give back pages taken with ``alloc`` and not handed over."""

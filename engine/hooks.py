@@ -63,6 +63,9 @@ class PageSource(Protocol):
     def alloc(self, n: int) -> list[int] | None:
         """``n`` fresh pages, evicting radix leaves if needed (one reference each); None if too few."""
 
+    def alloc_upto(self, n: int) -> list[int]:
+        """At most ``n`` fresh pages: as many as the pool gives now, radix leaves evicted if needed."""
+
     def free(self, pages: Sequence[int]) -> None:
         """Give back pages taken with ``alloc`` and not handed over in an extension."""
 

@@ -7,11 +7,13 @@ so every test is deterministic: no timing is asserted, only what happened while 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from connector import fetch as fetch_module
 from connector.state import kv_state
 from engine.request import Status
 from engine.sampling import SamplingParams
@@ -215,6 +217,56 @@ def test_queued_requests_give_their_loaded_prefix_back_when_a_decode_needs_pages
             for b in bs:  # loaded once and kept, or given back and matched again: counted as loaded
                 assert b.usage.loaded == b.cached_tokens == 7 * PS and b.usage.loaded_tier == "cpu"
                 assert {(p.reason, p.tier): p.pages for p in b.usage.pages} == {("loaded", "cpu"): 7, ("tail", None): 1}
+            eng.radix.reset()
+            assert eng.pool.allocator.num_free() == eng.pool.num_pages
+            eng.pool.allocator.check_integrity()
+        finally:
+            detach(eng)
+
+
+class _Clock:
+    """connector/fetch.py's clock, moved on by the test: a deadline passes without a sleep."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+
+def test_a_load_the_pool_cannot_hold_by_its_deadline_loads_the_prefix_that_fits(tiny, tmp_path: Path,
+                                                                                  monkeypatch) -> None:  # fmt: skip
+    """A decode holds 9 of 12 pages while a 7-page load waits for pages past its deadline: the 3
+    pages the pool gives then are loaded and only the rest is recomputed. Before, the whole load was
+    given up and every page recomputed, in the very pages the load had waited for."""
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+
+    clock = _Clock()
+    monkeypatch.setattr(fetch_module, "time", clock)
+    long_ids = prompt(128, seed=63)
+    with served(tmp_path, *DAEMON_FLAGS) as d:
+        eng = LLMEngine(EngineConfig(num_pages=12, page_size=PS, max_num_seqs=2), loaded=tiny)
+        conn = attach(eng, d.address)
+        try:
+            want = in_daemon_only(eng, conn, B_IDS)
+            want_long = run(eng, long_ids, max_tokens=15).output_ids
+            eng.radix.reset()
+            a = _add(eng, long_ids, max_tokens=15)
+            while a.num_computed <= len(long_ids):
+                eng.step()  # a decodes, holding 9 pages
+            b = _add(eng, B_IDS)
+            assert eng.wake.wait(30)  # b's lookup and decision are done
+            eng.step()
+            assert b.status is Status.LOADING and kv_state(b).fetch.pages == []  # the pool is short
+            clock.offset += 3600.0  # past b's deadline, with a still decoding
+            while not (a.finished and b.finished):
+                eng.step()
+            assert a.output_ids == want_long and b.output_ids == want
+            assert b.cached_tokens == 3 * PS and b.usage.loaded == 3 * PS
+            assert {(p.reason, p.tier): p.pages for p in b.usage.pages} == {
+                ("loaded", "cpu"): 3, ("read_failed", "cpu"): 4, ("tail", None): 1}
+            assert conn.metrics.value("tierkv_connector_load_failures_total", reason="no_pages") == 1
             eng.radix.reset()
             assert eng.pool.allocator.num_free() == eng.pool.num_pages
             eng.pool.allocator.check_integrity()

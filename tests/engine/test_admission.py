@@ -162,14 +162,21 @@ def test_a_malformed_extension_raises_and_frees_its_pages(cache: CacheManager) -
         assert cache.pool.allocator.num_free() == cache.pool.num_pages and req.pages == []
 
 
-def test_hooks_get_a_two_method_page_source_not_the_cache(cache: CacheManager) -> None:
+def test_hooks_get_a_three_method_page_source_not_the_cache(cache: CacheManager) -> None:
     pages = cache.pages
     assert isinstance(pages, HookPages) and not hasattr(pages, "__dict__")
-    assert {n for n in dir(pages) if not n.startswith("_")} == {"alloc", "free"}
-    assert {n for n in PageSource.__dict__ if not n.startswith("_")} == {"alloc", "free"}
+    assert {n for n in dir(pages) if not n.startswith("_")} == {"alloc", "alloc_upto", "free"}
+    assert {n for n in PageSource.__dict__ if not n.startswith("_")} == {"alloc", "alloc_upto", "free"}
     got = pages.alloc(2)
     assert got is not None and cache.pool.allocator.num_used() == 2
     pages.free(got)
+    assert cache.pool.allocator.num_used() == 0
+    n = cache.pool.num_pages
+    held = pages.alloc(n - 3)
+    assert held is not None and pages.alloc(5) is None
+    some = pages.alloc_upto(5)  # what the pool gives: 3
+    assert len(some) == 3 and pages.alloc_upto(5) == []
+    pages.free(held + some)
     assert cache.pool.allocator.num_used() == 0
 
 
