@@ -42,9 +42,12 @@ class HookPages:
 
 
 class CacheManager:
-    def __init__(self, pool: KVPool, radix: RadixCache) -> None:
+    def __init__(self, pool: KVPool, radix: RadixCache, headroom: Callable[[], int] = lambda: 0) -> None:
+        """``headroom()``: pages ``alloc_upto`` leaves to others (the scheduler's: one per running
+        request, so that its next decodes never preempt anyone for a partial load's sake)."""
         self.pool = pool
         self.radix = radix
+        self.headroom = headroom
         self.page_size = pool.page_size
         self.pages = HookPages(self.alloc, self.alloc_upto, self.free)  # what hooks get
 
@@ -60,11 +63,15 @@ class CacheManager:
         return alloc.alloc(n)
 
     def alloc_upto(self, n: int) -> list[int]:
-        """At most n fresh pages: as many as the free list and the evictable radix leaves give."""
+        """At most n fresh pages: as many as the free list and the evictable radix leaves give, less
+        ``headroom()`` of them left for others."""
         alloc = self.pool.allocator
-        if n > alloc.num_free():
-            self.radix.evict(n - alloc.num_free())
-        return alloc.alloc(min(n, alloc.num_free())) or []
+        want = min(n, alloc.num_free() + self.radix.evictable_pages() - self.headroom())
+        if want <= 0:
+            return []
+        if want > alloc.num_free():
+            self.radix.evict(want - alloc.num_free())
+        return alloc.alloc(min(want, alloc.num_free())) or []
 
     def free(self, pages: Sequence[int]) -> None:
         """Give back pages taken with ``alloc`` and not handed over."""

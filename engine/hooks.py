@@ -64,7 +64,8 @@ class PageSource(Protocol):
         """``n`` fresh pages, evicting radix leaves if needed (one reference each); None if too few."""
 
     def alloc_upto(self, n: int) -> list[int]:
-        """At most ``n`` fresh pages: as many as the pool gives now, radix leaves evicted if needed."""
+        """At most ``n`` fresh pages: as many as the pool gives now (radix leaves evicted if needed),
+        less the headroom its owner keeps for running requests."""
 
     def free(self, pages: Sequence[int]) -> None:
         """Give back pages taken with ``alloc`` and not handed over in an extension."""

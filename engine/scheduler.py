@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 class Scheduler:
     def __init__(self, config: EngineConfig, pool: KVPool, radix: RadixCache, max_model_len: int) -> None:
         self.cfg = config
-        self.cache = CacheManager(pool, radix)
+        # a load's partial take (PageSource.alloc_upto) leaves a page per running request: the next
+        # step's decodes take theirs without preempting anyone
+        self.cache = CacheManager(pool, radix, headroom=lambda: len(self.running))
         self.admitter = Admitter(config, self.cache, self._prefill_ahead)
         self.waiting: deque[Request] = deque()  # queued, LOADING ones included, in arrival order
         self.running: list[Request] = []
