@@ -63,6 +63,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help=_field_help("attention kernels", "attention_backend"))
     p.add_argument("--threads", type=int, default=None, dest="num_threads",
                    help=_field_help("torch threads on CPU", "num_threads", "0 = torch's"))
+    p.add_argument("--cpu-gemm", default=None, choices=["auto", "linear"],
+                   help=_field_help("linear layers of small steps on the CPU: auto times the mm form against "
+                                    "F.linear at start-up (engine/cpu_gemm.py)", "cpu_gemm"))
     p.add_argument("--kvstore", default=None, metavar="HOST:PORT",
                    help=_field_help("kvstore daemon address (attaches the connector)", "kvstore"))
     p.add_argument("--kv-connector", default=None,
@@ -125,7 +128,7 @@ def _config(a: argparse.Namespace) -> EngineConfig:
         kv_memory=parse_size(a.kv_memory) if a.kv_memory else None, num_pages=a.num_pages,
         page_size=a.page_size, max_num_seqs=a.max_num_seqs, max_prefill_tokens=a.max_prefill_tokens,
         max_model_len=a.max_model_len, attention_backend=a.attention_backend, num_threads=a.num_threads,
-        kv_connector=a.kv_connector, shared_prefix_file=a.shared_prefix_file, tenant=a.tenant,
+        cpu_gemm=a.cpu_gemm, kv_connector=a.kv_connector, shared_prefix_file=a.shared_prefix_file, tenant=a.tenant,
         api_keys_file=getattr(a, "api_keys_file", None), **{field: getattr(a, field) for field in LIMIT_FLAGS})
 
 

@@ -24,6 +24,9 @@ class EngineConfig:
     max_model_len: int = 0  # 0 = the model's max_position_embeddings
     attention_backend: str = "auto"  # auto | torch | flashinfer
     num_threads: int = 0  # torch intra-op threads on CPU; 0 = leave torch's default
+    # linear layers of small steps on the CPU: auto = the mm form where start-up timing finds it faster
+    # than F.linear (engine/cpu_gemm.py) | linear = F.linear always
+    cpu_gemm: str = "auto"
     seed: int = 0
     served_model_name: str = ""
     kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)
@@ -55,6 +58,8 @@ class EngineConfig:
             raise ValueError(f"unknown device {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.cpu_gemm not in ("auto", "linear"):
+            raise ValueError(f"unknown cpu_gemm {self.cpu_gemm!r} (auto or linear)")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
         if self.tenant:

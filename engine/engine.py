@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from prometheus_client.registry import Collector
 
+from engine import cpu_gemm
 from engine.attention import select_backend
 from engine.config import EngineConfig
 from engine.errors import EngineError, InvalidRequestError
@@ -66,6 +67,8 @@ class LLMEngine:
         self.arch = self.loaded.arch
         self.tokenizer = self.loaded.tokenizer
         self.model = LlamaModel(self.arch, self.loaded.weights, self.device, self.dtype)
+        if self.device.type == "cpu" and config.cpu_gemm == "auto":
+            self.model.linear = cpu_gemm.for_weights(self.loaded.fingerprint, self.model.weights())
         num_pages = config.num_pages or KVPool.pages_for_budget(self.arch, config.kv_memory, config.page_size,
                                                                   self.dtype)
         self.pool = KVPool(self.arch, num_pages, config.page_size, self.dtype, self.device)

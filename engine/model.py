@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend
+from engine.cpu_gemm import Linear, plain
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
 from engine.model_loader import ModelArch
@@ -83,13 +84,21 @@ class LlamaModel:
                              dict(arch.rope_scaling) or None, device=device, dtype=dtype)
         self.q_size = arch.num_heads * arch.head_dim
         self.kv_size = arch.num_kv_heads * arch.head_dim
+        #: every projection and the LM head: F.linear, or engine/cpu_gemm.py's choice per row count
+        #: on the CPU (set by the engine)
+        self.linear: Linear = plain
+
+    def weights(self) -> list[torch.Tensor]:
+        """The matrices of every projection and the LM head, as a step reads them."""
+        out = [w for L in self.layers for w in (L.w_qkv, L.w_o, L.w_gate_up, L.w_down)]
+        return [*out, self.lm_head]
 
     # The layer pieces are public so CacheBlend can run layers selectively.
     def qkv(self, layer: int, h: torch.Tensor, positions: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         a, L = self.arch, self.layers[layer]
         x = rms_norm(h, L.ln_in, a.rms_norm_eps)
-        qkv = F.linear(x, L.w_qkv, L.b_qkv)
+        qkv = self.linear(x, L.w_qkv, L.b_qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
@@ -103,26 +112,29 @@ class LlamaModel:
         q and k rotated in one pass over the adjacent q|k columns of the fused projection."""
         a, L = self.arch, self.layers[layer]
         x = rms_norm(h, L.ln_in, a.rms_norm_eps)
-        qkv = F.linear(x, L.w_qkv, L.b_qkv)
+        qkv = self.linear(x, L.w_qkv, L.b_qkv)
         n = qkv.shape[0]
         qk = qkv[:, : self.q_size + self.kv_size].view(n, a.num_heads + a.num_kv_heads, a.head_dim)
         qk = self.rotary.rotate_half_tables(qk, cos, sin)
         v = qkv[:, self.q_size + self.kv_size :].view(n, a.num_kv_heads, a.head_dim)
         return qk[:, : a.num_heads], qk[:, a.num_heads :], v
 
-    def finish_layer(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        a, L = self.arch, self.layers[layer]
-        h = F.linear(attn_out.reshape(h.shape[0], -1), L.w_o).add_(h)  # == h + o, one temporary fewer
+    def finish_layer(self, layer: int, h: torch.Tensor, attn_out: torch.Tensor, rows: int | None = None
+                     ) -> torch.Tensor:
+        """``rows``: the step's row count when ``h`` is a subset of its rows (the projections then
+        take the form the whole step's would: engine/cpu_gemm.py)."""
+        a, L, lin = self.arch, self.layers[layer], self.linear
+        h = lin(attn_out.reshape(h.shape[0], -1), L.w_o, rows=rows).add_(h)  # == h + o, one temporary fewer
         x = rms_norm(h, L.ln_post, a.rms_norm_eps)
-        gate_up = F.linear(x, L.w_gate_up)
+        gate_up = lin(x, L.w_gate_up, rows=rows)
         inter = gate_up.shape[-1] // 2
         gate = gate_up[:, :inter]
         F.silu(gate, inplace=True)
         gate.mul_(gate_up[:, inter:])  # silu(gate) * up in place; mm reads the strided rows as is
-        return F.linear(gate, L.w_down).add_(h)
+        return lin(gate, L.w_down, rows=rows).add_(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(h, self.norm, self.arch.rms_norm_eps), self.lm_head).float()
+        return self.linear(rms_norm(h, self.norm, self.arch.rms_norm_eps), self.lm_head).float()
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool, attn: AttentionBackend) -> torch.Tensor:
@@ -141,7 +153,7 @@ class LlamaModel:
                 # logits matter, so the last O projection and MLP run on those rows alone.
                 n = rows.shape[0]
                 sel = _pad_rows(rows, h.shape[0])
-                h = self.finish_layer(i, h.index_select(0, sel), o.index_select(0, sel))
+                h = self.finish_layer(i, h.index_select(0, sel), o.index_select(0, sel), rows=h.shape[0])
                 return self.logits(h[:n])
             h = self.finish_layer(i, h, o)
         return self.logits(h.index_select(0, rows))

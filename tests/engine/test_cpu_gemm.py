@@ -1,0 +1,81 @@
+"""engine/cpu_gemm.py: the mm form is the same product as F.linear, used only for small steps and
+only where start-up timing found it faster; a batch's row subset runs as the whole batch would."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import cpu_gemm
+from engine.config import EngineConfig
+from engine.cpu_gemm import SMALL_ROWS, SmallRows, mm_form, plain, small_rows_upto
+from engine.engine import LLMEngine
+from engine.forward_batch import ForwardBatch
+from engine.model import LlamaModel
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9])
+def test_the_mm_form_is_f_linear(rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
+    x = torch.randn(rows, 32, generator=g)
+    wide = torch.randn(rows, 64, generator=g)[:, :32]  # the strided rows of a fused gate/up output
+    for got, want in ((mm_form(x, w), F.linear(x, w)), (mm_form(x, w, b), F.linear(x, w, b)),
+                      (mm_form(wide, w), F.linear(wide, w))):  # fmt: skip
+        assert got.shape == want.shape and got.is_contiguous()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_small_rows_uses_the_mm_form_up_to_its_bound_and_the_rows_hint_decides(monkeypatch) -> None:
+    calls: list[int] = []
+    real = cpu_gemm.mm_form
+    monkeypatch.setattr(cpu_gemm, "mm_form", lambda x, w, b=None: calls.append(x.shape[0]) or real(x, w, b))
+    lin = SmallRows(4)
+    w = torch.randn(16, 8)
+    lin(torch.randn(4, 8), w)
+    lin(torch.randn(5, 8), w)
+    lin(torch.randn(2, 8), w, rows=20)  # a subset of a 20-row step: as the step
+    lin(torch.randn(0, 8), w)
+    assert calls == [4]
+
+
+def _time_as(table: dict[tuple[str, int], float]):
+    def fake(fn, xs, weights, reps):  # noqa: ANN001, ANN202
+        rows = next(iter(xs.values())).shape[0]
+        return table[("linear" if fn is F.linear else "mm", rows)]
+
+    return fake
+
+
+def test_the_mm_form_is_chosen_only_when_faster_at_one_and_at_the_bound(monkeypatch) -> None:
+    w = [torch.randn(16, 8)]
+    fast = {("linear", 1): 1.0, ("mm", 1): 0.5, ("linear", SMALL_ROWS): 1.0, ("mm", SMALL_ROWS): 0.5}
+    monkeypatch.setattr(cpu_gemm, "_time", _time_as(fast))
+    assert small_rows_upto(w) == SMALL_ROWS
+    slow_at_bound = {**fast, ("mm", SMALL_ROWS): 0.95}  # within the margin: not worth a second form
+    monkeypatch.setattr(cpu_gemm, "_time", _time_as(slow_at_bound))
+    assert small_rows_upto(w) == 0
+
+
+def test_an_engine_told_linear_uses_f_linear_and_bad_values_are_refused(tiny) -> None:
+    assert LLMEngine(EngineConfig(num_pages=16, cpu_gemm="linear"), loaded=tiny).model.linear is plain
+    with pytest.raises(ValueError, match="cpu_gemm"):
+        EngineConfig(cpu_gemm="fast")
+
+
+def test_the_last_layers_row_subset_takes_the_whole_steps_form(tiny, monkeypatch) -> None:
+    """The last layer runs only the rows that need logits (padded to 8): those rows take the form of
+    the whole step (30 rows: F.linear), as they did before the mm form existed, not the form of a
+    step of 8 rows. Only the LM head, which always runs on just those rows, takes the mm form."""
+    eng = LLMEngine(EngineConfig(num_pages=64, cpu_gemm="linear"), loaded=tiny)
+    model: LlamaModel = eng.model
+    model.linear = SmallRows(SMALL_ROWS)
+    rows_seen: list[int] = []
+    real = cpu_gemm.mm_form
+    monkeypatch.setattr(cpu_gemm, "mm_form", lambda x, w, b=None: rows_seen.append(x.shape[0]) or real(x, w, b))
+    seqs = [(list(range(3, 23)), 0, [0, 1]), (list(range(30, 40)), 0, [2])]  # a 30-row step
+    step = ForwardBatch.build(seqs, 16, torch.device("cpu"), logits="last")
+    assert step.logit_indices.tolist() == [19, 29]
+    model.forward(step, eng.pool, eng.attn)
+    assert rows_seen == [2]  # the LM head on the 2 rows that need logits
