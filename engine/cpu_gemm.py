@@ -8,9 +8,9 @@ on 2-3 rows for ``torch.mm`` with the weight as the left operand (one row padded
 one-column path is as slow as ``F.linear``'s). A decode step of one stream went from ~55 ms to
 ~26-31 ms on 2 threads (``python -m bench.mixed_step``). From about 10 rows up the two trade places
 by shape and thread count, and prefill chunks are hundreds of rows, so the ``mm`` form is used only
-up to ``SMALL_ROWS`` rows, and only where the start-up timing on the model's own weights
-(``small_rows_upto``) finds it faster at both ends of that range: another CPU or build may not
-have the slow path, and then nothing changes.
+up to ``SMALL_ROWS`` rows, and only as far as the start-up timing on the model's own weights
+(``small_rows_upto``, at 1, 2, 4 and 8 rows) finds it faster: on 1 thread here it is up to 4 rows
+(at 8 the two are even); another CPU or build may not have the slow path, and then nothing changes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 SMALL_ROWS = 8
-MARGIN = 0.9  # the mm form must take at most this share of F.linear's time at 1 and SMALL_ROWS rows
+TIMED_ROWS = (1, 2, 4, SMALL_ROWS)  # the row counts timed at start-up, in order
+MARGIN = 0.9  # the mm form must take at most this share of F.linear's time at each of them
 
 Linear = Callable[..., torch.Tensor]  # (x, w, b=None, rows=None) -> x @ w^T (+ b)
 
@@ -76,20 +77,22 @@ def _time(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], xs: dict[int
 
 
 def small_rows_upto(weights: Sequence[torch.Tensor], reps: int = 2) -> int:
-    """``SMALL_ROWS`` if the mm form is faster than ``F.linear`` over ``weights`` (the model's
-    own, [out, in] each, so the timing streams them as a step does) at 1 and at ``SMALL_ROWS`` rows,
-    else 0."""
+    """The largest of ``TIMED_ROWS`` up to which the mm form took at most ``MARGIN`` of F.linear's
+    time over ``weights`` (the model's own, [out, in] each, so the timing streams them as a step
+    does) at every timed row count; 0 if not even at one row."""
     if not weights or weights[0].device.type != "cpu":
         return 0
     dtype = weights[0].dtype
-    verdicts = []
-    for n in (1, SMALL_ROWS):
+    upto = 0
+    for n in TIMED_ROWS:
         xs = {k: torch.randn(n, k, dtype=dtype) for k in {w.shape[1] for w in weights}}
         t_linear = _time(F.linear, xs, weights, reps)
         t_mm = _time(mm_form, xs, weights, reps)
-        verdicts.append(t_mm <= MARGIN * t_linear)
         log.debug("linear layers at %d rows: F.linear %.1f ms, mm %.1f ms", n, 1e3 * t_linear, 1e3 * t_mm)
-    return SMALL_ROWS if all(verdicts) else 0
+        if t_mm > MARGIN * t_linear:
+            break
+        upto = n
+    return upto
 
 
 _CHOSEN: dict[tuple[object, ...], int] = {}  # per model, dtype and thread count: timed once per process

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine import cpu_gemm
 from engine.config import EngineConfig
-from engine.cpu_gemm import SMALL_ROWS, SmallRows, mm_form, plain, small_rows_upto
+from engine.cpu_gemm import SMALL_ROWS, TIMED_ROWS, SmallRows, mm_form, plain, small_rows_upto
 from engine.engine import LLMEngine
 from engine.forward_batch import ForwardBatch
 from engine.model import LlamaModel
@@ -48,13 +48,19 @@ def _time_as(table: dict[tuple[str, int], float]):
     return fake
 
 
-def test_the_mm_form_is_chosen_only_when_faster_at_one_and_at_the_bound(monkeypatch) -> None:
+def test_the_mm_form_is_used_up_to_the_last_row_count_where_it_was_faster(monkeypatch) -> None:
     w = [torch.randn(16, 8)]
-    fast = {("linear", 1): 1.0, ("mm", 1): 0.5, ("linear", SMALL_ROWS): 1.0, ("mm", SMALL_ROWS): 0.5}
+    fast = {(form, n): (0.5 if form == "mm" else 1.0) for form in ("mm", "linear") for n in TIMED_ROWS}
     monkeypatch.setattr(cpu_gemm, "_time", _time_as(fast))
     assert small_rows_upto(w) == SMALL_ROWS
-    slow_at_bound = {**fast, ("mm", SMALL_ROWS): 0.95}  # within the margin: not worth a second form
-    monkeypatch.setattr(cpu_gemm, "_time", _time_as(slow_at_bound))
+    even_at_8 = {**fast, ("mm", SMALL_ROWS): 0.95}  # within the margin: F.linear from there on
+    monkeypatch.setattr(cpu_gemm, "_time", _time_as(even_at_8))
+    assert small_rows_upto(w) == 4
+    slow_at_2 = {**fast, ("mm", 2): 1.2}  # slower at 2 rows: only 1 row, whatever 4 and 8 say
+    monkeypatch.setattr(cpu_gemm, "_time", _time_as(slow_at_2))
+    assert small_rows_upto(w) == 1
+    slow_at_1 = {**fast, ("mm", 1): 1.0}
+    monkeypatch.setattr(cpu_gemm, "_time", _time_as(slow_at_1))
     assert small_rows_upto(w) == 0
 
 
