@@ -83,6 +83,11 @@ BENCHES: dict[str, list[Figure]] = {
              Figure("dos.salts.rss_growth_mb", 20, "<="), Figure("dos.watch_names.rss_growth_mb", 20, "<="),
              Figure("dos.stalled_puts.lookup_deadline_met", True, "==")],
     # #23 part 1: capacity as capacity (median knee over >= 3 runs, its spread from capacity_qps_runs),
+    # #22: one decoding stream's step alone and joined by one new 5-token prompt (bench/mixed_step.py), on
+    # 1 thread (the soak's replicas) and 2: the floor of what each admitted request of a flood costs the
+    # stream's gap, so of the salt floods' ITL p99 ratio
+    "mixed_step": [Figure("step_s.1.decode", None), Figure("ratio_to_decode.1.5", None),
+                   Figure("step_s.2.decode", None), Figure("ratio_to_decode.2.5", None)],
     # ITL from >= 1,000 gaps, the working set measured; s3/RAG figures come from full runs only
     "serve": [Figure("runs", 3), Figure("working_set_over_pool", 4.0),
               Figure("modes.radix.capacity_qps", None), Figure("modes.daemon_cpu.capacity_qps", None),
