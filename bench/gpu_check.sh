@@ -86,7 +86,10 @@ if [ "$mode" = --dry-run ]; then
 else
     run_step gpu_tests 180 "$PY" -m pytest -q -ra -m gpu tests/
 fi
-run_step native_tests 120 "$PY" -m pytest -q -x tests/connector/native/test_ops.py tests/connector/native/test_kernels.py \
+# (a dry run collects them only: `make test` runs them already, and collecting checks the paths)
+collect=()
+[ "$mode" = --dry-run ] && collect=(--collect-only)
+run_step native_tests 120 "$PY" -m pytest -q -x "${collect[@]}" tests/connector/native/test_ops.py tests/connector/native/test_kernels.py \
     tests/connector/native/test_batch.py tests/connector/native/test_rope.py tests/connector/native/test_staging.py tests/connector/test_loader_copy_verify.py \
     tests/kvstore/test_shm_arena.py
 

@@ -280,14 +280,16 @@ def measure_regret(h: ClusterHarness, plan: RegretPlan = RegretPlan(), seed: int
             return stack.enter_context(NodeEngine(h.topo, h.nodes[i], work, h.daemons[i].address,  # type: ignore[union-attr]
                                                   *_engine_flags(plan, pages), env=env, label=mode))
 
+        # One engine starting at a time: each times its prefills at start-up (connector/calibrate.py),
+        # and three started together on 2 cores took 44-46 s each to do it instead of 5 s, fitting a
+        # fixed cost of 0.94-1.09 s instead of 0.13 s (their threads oversubscribe the cores).
         writer = engine(plan.writer, "writer", {"TIERKV_CONNECTOR_WRITE_THROUGH": "1",
-                                                "OMP_NUM_THREADS": str(plan.threads)}, 256)
-        engines = {m: engine(r_i, m, _reader_env(m, plan.threads), _pool_pages(plan)) for m in ("always", "never")}
-        for e in (writer, *engines.values()):
-            e.wait_ready()
+                                                "OMP_NUM_THREADS": str(plan.threads)}, 256).wait_ready()
+        engines = {m: engine(r_i, m, _reader_env(m, plan.threads), _pool_pages(plan)).wait_ready()
+                   for m in ("always", "never")}
         answers = _write(writer, h, plan, prompts, salt)
         write_s = time.monotonic() - t0
-        # alone: its start-up prefill calibration shares the machine with no other engine's start or work
+        # alone as well: no other engine's start or work beside its calibration
         engines["auto"] = engine(r_i, "auto", _reader_env("auto", plan.threads), _pool_pages(plan)).wait_ready()
         ready_s = time.monotonic() - t0
         reader = _Reader(h, plan, engines, proxy, prompts, answers, salt)
