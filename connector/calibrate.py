@@ -4,12 +4,21 @@ Both run through the real code paths (the engine's forward pass over scratch poo
 loader writing daemon blocks into scratch pages), so what they measure is what a request pays.
 The daemon probe lives in connector/probe.py (distinct blocks beyond the last-level cache, one
 thread policy, a line fitted over several batch sizes); ``probe_daemon`` is re-exported here.
+
+The prefill timings want the cores to themselves (connector/core_load.py: engines started together
+time their prefills against each other). So the calibration first waits, a jittered pause at a
+time, for the other processes to leave this process's cores under ``BUSY_SHARE`` busy, and a
+timed shape none of whose runs had the cores that quiet is timed again after another such wait.
+All the waiting together is bounded by ``QUIET_WAIT_S``; past it the calibration takes what it
+has (each shape's fastest run, as always: other processes only ever add time), logs a warning and
+counts the contended runs in the fit's log line. The online correction then does the rest.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from collections.abc import Callable
 
@@ -17,6 +26,7 @@ import numpy as np
 import torch
 
 from connector.config import CALIBRATION_ENV
+from connector.core_load import CoreLoad
 from connector.cost_model import PrefillModel
 from connector.probe import ProbeResult, probe_daemon
 from engine.forward_batch import ForwardBatch
@@ -58,24 +68,114 @@ def time_prefill(view: EngineView, new: int, ctx: int) -> float | None:
     return _with_scratch(view, n_pages, run)
 
 
-def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = True, repeats: int = 2) -> PrefillModel:
-    """Fit a + b*new + c*new*ctx over a few timed prefills (cached per model/device/dtype/threads)."""
+#: other processes' share of this process's cores above which a timed prefill is not trusted
+BUSY_SHARE = 0.25
+#: the most one calibration waits, all its waits together, for its cores to be quiet (the
+#: connector's ``calibrate_quiet_wait_s``): past it, cores kept busy are the engine's lot, and
+#: what it times there is what its requests will pay
+QUIET_WAIT_S = 20.0
+#: how long one look at the cores lasts, and the jittered pause after a busy one (engines started
+#: together then do not all look again at the same moment)
+LOOK_S = 0.15
+PAUSE_S = (0.25, 1.0)
+#: a quiet look is confirmed by a second one after a random pause of up to this: two engines
+#: waiting for each other both see quiet cores (each is only looking) and would start together;
+#: the second look of the later one sees the earlier one's prefills. Without it, two of three
+#: engines started at once timed 14 runs each on shared cores (bench.calibrate_together).
+CONFIRM_PAUSE_S = 0.3
+#: extra runs of a shape none of whose runs had quiet cores
+RETRIES = 2
+
+
+class _Quiet:
+    """The calibration's waits for quiet cores, within one budget."""
+
+    def __init__(self, load: CoreLoad | None, budget_s: float, sleep: Callable[[float], None],
+                 rng: random.Random) -> None:
+        self.load, self.left, self.sleep, self.rng = load, budget_s, sleep, rng
+        self.waited_s = 0.0
+        self.contended = 0  # timed runs that shared their cores
+
+    def wait(self) -> bool:
+        """Until the cores are quiet (True) or the budget is spent (False)."""
+        if self.load is None:
+            return True
+        quiet_looks = 0
+        while True:
+            self.load.mark()
+            self.sleep(LOOK_S)
+            share = self.load.others_share()
+            self._spend(LOOK_S)
+            if share is None or share <= BUSY_SHARE:
+                quiet_looks += 1
+                if quiet_looks == 2:
+                    return True
+                pause = self.rng.uniform(0.0, CONFIRM_PAUSE_S)
+            else:
+                quiet_looks = 0
+                if self.left <= 0:
+                    return False
+                pause = self.rng.uniform(*PAUSE_S)
+            self._spend(pause)
+            self.sleep(pause)
+
+    def _spend(self, s: float) -> None:
+        self.left -= s
+        self.waited_s += s
+
+    def timed(self, fn: Callable[[], float | None]) -> tuple[float | None, bool]:
+        """(``fn``'s seconds, whether the cores were quiet meanwhile)."""
+        if self.load is None:
+            return fn(), True
+        self.load.mark()
+        t = fn()
+        share = self.load.others_share()
+        quiet = share is None or share <= BUSY_SHARE
+        self.contended += not quiet
+        return t, quiet
+
+
+def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = True, repeats: int = 2,
+                      load: CoreLoad | None | str = "auto", quiet_wait_s: float = QUIET_WAIT_S,
+                      sleep: Callable[[float], None] = time.sleep) -> PrefillModel:
+    """Fit a + b*new + c*new*ctx over a few timed prefills (cached per model/device/dtype/threads),
+    timed while the cores are quiet where that can be had (module doc). ``load``: how busy the cores
+    are ("auto": this process's, from /proc; None: never wait)."""
     key = (view.fingerprint, str(view.device), str(view.dtype), torch.get_num_threads(),
            os.environ.get(CALIBRATION_ENV, ""))
     if cache and key in _PREFILL_CACHE:
         return _PREFILL_CACHE[key]
     t0 = time.perf_counter()
+    if isinstance(load, str):  # "auto": a GPU's prefills do not run on the cores
+        load = CoreLoad.open() if view.device.type == "cpu" and quiet_wait_s > 0 else None
+    quiet = _Quiet(load, quiet_wait_s, sleep, random.Random())
     time_prefill(view, 16, 0)  # warm-up
+    settled = quiet.wait()
     points = []
     for new, ctx in samples:
-        runs = [t for t in (time_prefill(view, new, ctx) for _ in range(repeats)) if t is not None]
+        runs: list[float] = []
+        calm = False
+        for attempt in range(repeats + RETRIES):
+            if attempt >= repeats:
+                if calm or not settled:
+                    break
+                settled = quiet.wait()  # a shape timed only on shared cores: again, once they are quiet
+            t, ok = quiet.timed(lambda new=new, ctx=ctx: time_prefill(view, new, ctx))
+            if t is None:
+                break
+            runs.append(t)
+            calm |= ok
         if runs:
             points.append((new, ctx, min(runs)))  # the min: other processes only ever add time
     if len(points) < 3:
         raise RuntimeError("KV pool too small to calibrate the prefill model")
     model = PrefillModel.fit(points)
-    log.info("prefill model a=%.4fs b=%.2fms/token c=%.3gs/token^2 from %d prefills in %.1fs", model.a,
-             model.b * 1e3, model.c, len(points), time.perf_counter() - t0)
+    log.info("prefill model a=%.4fs b=%.2fms/token c=%.3gs/token^2 from %d prefills in %.1fs (%.1fs of it "
+             "waiting for quiet cores, %d timed runs on shared cores)", model.a, model.b * 1e3, model.c,
+             len(points), time.perf_counter() - t0, quiet.waited_s, quiet.contended)
+    if not settled:
+        log.warning("prefill calibration: other processes kept this engine's cores busy for %.0fs; the prefill "
+                    "model may be slow until the engine's own steps correct it", quiet_wait_s)
     if cache:
         _PREFILL_CACHE[key] = model
     return model

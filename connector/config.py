@@ -29,6 +29,9 @@ class ConnectorConfig:
     known_keys: int = 200_000  # LRU of keys known to be in the daemon (not sent again)
     ewma_alpha: float = 0.3  # weight of a new load measurement in a tier's bandwidth
     calibrate: bool = True  # time a few prefills at start-up (else use prefill_coeffs)
+    # the most the start-up calibration waits, all told, for other processes to leave its cores
+    # (engines started together time their prefills against each other: connector/calibrate.py); 0: never
+    calibrate_quiet_wait_s: float = 20.0
     prefill_coeffs: tuple[float, float, float] = (0.0, 0.0, 0.0)  # a, b, c when not calibrating
     prefill_learn: bool = True  # correct the prefill model online from the engine's timed steps
     probe: bool = True  # measure the daemon's latency/bandwidth at start-up
@@ -45,6 +48,8 @@ class ConnectorConfig:
         for name in ("lookup_deadline_s", "load_deadline_min_s", "load_deadline_factor", "offload_deadline_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.calibrate_quiet_wait_s < 0:
+            raise ValueError("calibrate_quiet_wait_s must be >= 0")
         if not 0 < self.ewma_alpha <= 1:
             raise ValueError("ewma_alpha must be in (0, 1]")
         if min(self.load_chunk_bytes, self.offload_queue_bytes, self.offload_batch_bytes, self.known_keys) <= 0:

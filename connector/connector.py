@@ -81,7 +81,7 @@ class KVConnector:
             if config.calibrate:
                 from connector.calibrate import calibrate_prefill
 
-                prefill = calibrate_prefill(view)
+                prefill = calibrate_prefill(view, quiet_wait_s=config.calibrate_quiet_wait_s)
             else:
                 prefill = PrefillModel(*config.prefill_coeffs)
         self.cost = CostModel(prefill, self.pool.bytes_per_page, self.page_size, config.ewma_alpha,
