@@ -1,7 +1,7 @@
 """Engines started together on one host: what their start-up prefill calibration fits, and how long
 they take to be ready, with and without the wait for quiet cores (connector/calibrate.py).
 
-    python -m bench.calibrate_together --out F.json [--engines 3] [--threads 2] [--repeats 2]
+    python -m bench.calibrate_together --out F.json [--engines 3] [--threads 2] [--repeats 3] [--quick]
 
 One kvstore daemon; one kvengine (the bundled SmolLM2-135M, ``--threads``) started alone, the
 reference; then ``--engines`` of them started at the same moment with
@@ -11,7 +11,7 @@ priced as the predicted seconds of a 256-token and a 1,024-token prefill. Figure
 engine's ``predict_256_over_alone`` (its prediction / the lone engine's), ``ready_s`` (start to
 /health answering, the last of them), ``waited_s`` and ``contended_runs`` (from the log line).
 ``max_predict_ratio``: the largest |log| distance from 1 of an engine's ratio, back as a ratio
-(1.0: every engine fitted what the lone one did). Repeated ``--repeats`` times (each with its own
+(1.0: every engine fitted what the lone one did). Repeated ``--repeats`` times (2 with ``--quick``; each with its own
 lone reference): min/median/max per phase, every run under ``runs``. ``together_no_wait`` never
 reads the cores, so its ``waited_s`` and ``contended_runs`` are 0 by construction. Targets: none
 set by an issue; the lone engine is the reference a user would compare with.
@@ -111,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--engines", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="2 repeats (make bench)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats = 2
     if args.engines < 2 or args.threads < 1 or args.repeats < 1:
         ap.error("--engines must be >= 2, --threads and --repeats >= 1")
     doc = {"loadavg_start": os.getloadavg()[0], **run(args.engines, args.threads, args.repeats)}

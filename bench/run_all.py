@@ -82,12 +82,17 @@ BENCHES: dict[str, list[Figure]] = {
                for f, t, b in (("itl_p99_ratio", 1.5, "<="), ("health_max_s", 1.0, "<"))),
              Figure("dos.salts.rss_growth_mb", 20, "<="), Figure("dos.watch_names.rss_growth_mb", 20, "<="),
              Figure("dos.stalled_puts.lookup_deadline_met", True, "==")],
-    # #23 part 1: capacity as capacity (median knee over >= 3 runs, its spread from capacity_qps_runs),
     # #22: one decoding stream's step alone and joined by one new 5-token prompt (bench/mixed_step.py), on
     # 1 thread (the soak's replicas) and 2: the floor of what each admitted request of a flood costs the
     # stream's gap, so of the salt floods' ITL p99 ratio
     "mixed_step": [Figure("step_s.1.decode", None), Figure("ratio_to_decode.1.5", None),
                    Figure("step_s.2.decode", None), Figure("ratio_to_decode.2.5", None)],
+    # engines started together on one host: their start-up prefill fits against a lone engine's, with the
+    # wait for quiet cores (connector/calibrate.py) and without it (bench/calibrate_together.py)
+    "calibrate_together": [Figure("together.max_predict_ratio.median", None),
+                           Figure("together_no_wait.max_predict_ratio.median", None),
+                           Figure("together.ready_s.median", None), Figure("together_no_wait.ready_s.median", None)],
+    # #23 part 1: capacity as capacity (median knee over >= 3 runs, its spread from capacity_qps_runs),
     # ITL from >= 1,000 gaps, the working set measured; s3/RAG figures come from full runs only
     "serve": [Figure("runs", 3), Figure("working_set_over_pool", 4.0),
               Figure("modes.radix.capacity_qps", None), Figure("modes.daemon_cpu.capacity_qps", None),

@@ -162,3 +162,16 @@ def test_the_wait_is_configured_and_bounded(monkeypatch) -> None:
         ConnectorConfig("127.0.0.1:1", calibrate_quiet_wait_s=-1)
     monkeypatch.setenv("TIERKV_CONNECTOR_CALIBRATE_QUIET_WAIT_S", "0")
     assert ConnectorConfig.from_env("127.0.0.1:1").calibrate_quiet_wait_s == 0.0
+
+
+def test_bench_calibrate_together_reads_the_fit_from_the_log_line(view, monkeypatch, caplog) -> None:
+    """bench.calibrate_together parses the calibration's own log line (format changes break it here)."""
+    from bench.calibrate_together import _fit
+
+    m = Machine([True] * 3)
+    with caplog.at_level(logging.INFO, logger="connector.calibrate"):
+        model = run(m, view, monkeypatch)
+    fit = _fit(caplog.text)
+    assert fit["a"] == pytest.approx(model.a, rel=1e-3, abs=1e-4) and fit["b"] == pytest.approx(model.b, rel=1e-2)
+    assert fit["waited_s"] > 0 and fit["contended_runs"] == 0
+    assert fit["predict_256_s"] == pytest.approx(model.predict(256), rel=1e-2)
