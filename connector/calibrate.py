@@ -7,7 +7,8 @@ thread policy, a line fitted over several batch sizes); ``probe_daemon`` is re-e
 
 The prefill timings want the cores to themselves (connector/core_load.py: engines started together
 time their prefills against each other). So the calibration first waits, a jittered pause at a
-time, for the other processes to leave this process's cores under ``BUSY_SHARE`` busy, and a
+time, for the other processes to leave enough of this process's cores free for its threads
+(``THREAD_SLACK``), and a
 timed shape none of whose runs had the cores that quiet is timed again after another such wait.
 All the waiting together is bounded by ``QUIET_WAIT_S``; past it the calibration takes what it
 has (each shape's fastest run, as always: other processes only ever add time), logs a warning and
@@ -68,8 +69,11 @@ def time_prefill(view: EngineView, new: int, ctx: int) -> float | None:
     return _with_scratch(view, n_pages, run)
 
 
-#: other processes' share of this process's cores above which a timed prefill is not trusted
-BUSY_SHARE = 0.25
+#: a timed prefill is trusted when the cores other processes leave free number at least the
+#: engine's threads less this (and at most 3/4 of its cores are asked for): with 2 threads on
+#: 2 cores, others may take a quarter of them; with 1 thread there, one whole core is its own; with
+#: 2 threads on a 64-core node, a busy node is still quiet enough
+THREAD_SLACK = 0.5
 #: the most one calibration waits, all its waits together, for its cores to be quiet (the
 #: connector's ``calibrate_quiet_wait_s``): past it, cores kept busy are the engine's lot, and
 #: what it times there is what its requests will pay
@@ -91,10 +95,15 @@ class _Quiet:
     """The calibration's waits for quiet cores, within one budget."""
 
     def __init__(self, load: CoreLoad | None, budget_s: float, sleep: Callable[[float], None],
-                 rng: random.Random) -> None:
+                 rng: random.Random, threads: int) -> None:
         self.load, self.left, self.sleep, self.rng = load, budget_s, sleep, rng
         self.waited_s = 0.0
         self.contended = 0  # timed runs that shared their cores
+        cores = len(load.cpus) if load is not None else 1
+        self.need = min(max(threads - THREAD_SLACK, THREAD_SLACK), 0.75 * cores)  # free cores wanted
+
+    def _quiet(self, share: float | None) -> bool:
+        return share is None or (1.0 - share) * len(self.load.cpus) >= self.need  # type: ignore[union-attr]
 
     def wait(self) -> bool:
         """Until the cores are quiet (True) or the budget is spent (False)."""
@@ -106,7 +115,7 @@ class _Quiet:
             self.sleep(LOOK_S)
             share = self.load.others_share()
             self._spend(LOOK_S)
-            if share is None or share <= BUSY_SHARE:
+            if self._quiet(share):
                 quiet_looks += 1
                 if quiet_looks == 2:
                     return True
@@ -129,8 +138,7 @@ class _Quiet:
             return fn(), True
         self.load.mark()
         t = fn()
-        share = self.load.others_share()
-        quiet = share is None or share <= BUSY_SHARE
+        quiet = self._quiet(self.load.others_share())
         self.contended += not quiet
         return t, quiet
 
@@ -148,7 +156,7 @@ def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = T
     t0 = time.perf_counter()
     if isinstance(load, str):  # "auto": a GPU's prefills do not run on the cores
         load = CoreLoad.open() if view.device.type == "cpu" and quiet_wait_s > 0 else None
-    quiet = _Quiet(load, quiet_wait_s, sleep, random.Random())
+    quiet = _Quiet(load, quiet_wait_s, sleep, random.Random(), torch.get_num_threads())
     time_prefill(view, 16, 0)  # warm-up
     settled = quiet.wait()
     points = []

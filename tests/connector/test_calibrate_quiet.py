@@ -30,15 +30,18 @@ class Machine:
     opens (a look at the cores or a timed prefill), whether it shared the cores; past the list,
     quiet. A prefill in a busy window takes 5x as long."""
 
-    def __init__(self, busy: list[bool]) -> None:
+    cpus = {0, 1}
+
+    def __init__(self, busy: list[bool], share: float = 0.7) -> None:
         self.busy, self.now, self.windows, self.slept, self.slow_runs = list(busy), False, 0, 0.0, 0
+        self.share = share
 
     def mark(self) -> None:
         self.now = self.busy.pop(0) if self.busy else False
         self.windows += 1
 
     def others_share(self) -> float:
-        return 0.7 if self.now else 0.0
+        return self.share if self.now else 0.0
 
     def sleep(self, s: float) -> None:
         self.slept += s
@@ -53,8 +56,10 @@ def view() -> SimpleNamespace:
     return SimpleNamespace(fingerprint="fp", device=torch.device("cpu"), dtype=torch.float32)
 
 
-def run(machine: Machine, view: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, **kw: object) -> PrefillModel:
+def run(machine: Machine, view: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, threads: int = 2,
+        **kw: object) -> PrefillModel:
     monkeypatch.setattr(calibrate, "time_prefill", machine.time_prefill)
+    monkeypatch.setattr(calibrate.torch, "get_num_threads", lambda: threads)
     return calibrate.calibrate_prefill(view, SAMPLES, cache=False, load=machine, sleep=machine.sleep, **kw)
 
 
@@ -97,6 +102,17 @@ def test_a_quiet_look_is_confirmed_by_a_second_after_a_random_pause(view, monkey
     m = Machine([False, True, False, False])  # quiet, then busy (another engine began), then quiet twice
     run(m, view, monkeypatch)
     assert m.slow_runs == 0
+
+
+def test_what_counts_as_busy_follows_the_engines_threads(view, monkeypatch) -> None:
+    """Another process on one of 2 cores: a 2-thread engine waits it out, a 1-thread engine has a
+    core of its own and does not wait."""
+    two = Machine([True] * 3, share=0.5)
+    run(two, view, monkeypatch, threads=2)
+    assert two.slow_runs == 0 and two.slept > 3 * calibrate.LOOK_S
+    one = Machine([True] * 3, share=0.5)
+    run(one, view, monkeypatch, threads=1)
+    assert one.windows < 3 + len(SAMPLES) * 2 and one.slept < 2 * calibrate.LOOK_S + calibrate.CONFIRM_PAUSE_S + 1e-9
 
 
 def test_no_reading_of_the_cores_means_no_waiting(view, monkeypatch) -> None:
