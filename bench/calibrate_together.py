@@ -10,7 +10,9 @@ with the default wait (``together``). Each engine's fit (a, b, c) is read from i
 priced as the predicted seconds of a 256-token and a 1,024-token prefill. Figures, per phase: each
 engine's ``predict_256_over_alone`` (its prediction / the lone engine's), ``ready_s`` (start to
 /health answering, the last of them), ``waited_s`` and ``contended_runs`` (from the log line).
-``max_predict_ratio``: the largest |log| distance from 1 of an engine's ratio, back as a ratio
+``f_linear_engines``: engines whose start-up choice of form for small steps (engine/cpu_gemm.py,
+``linear_rows`` per engine) was F.linear throughout, over all runs: a lone engine here chooses
+the mm form, which halves a decode step. ``max_predict_ratio``: the largest |log| distance from 1 of an engine's ratio, back as a ratio
 (1.0: every engine fitted what the lone one did). Repeated ``--repeats`` times (2 with ``--quick``; each with its own
 lone reference): min/median/max per phase, every run under ``runs``. ``together_no_wait`` never
 reads the cores, so its ``waited_s`` and ``contended_runs`` are 0 by construction. Targets: none
@@ -34,6 +36,17 @@ from bench.servers import EngineServer, exit_on_sigterm, running_daemon
 
 FIT = re.compile(r"prefill model a=([\d.e+-]+)s b=([\d.e+-]+)ms/token c=([\d.e+-]+)s/token\^2 from \d+ prefills "
                  r"in ([\d.]+)s(?: \(([\d.]+)s of it waiting for quiet cores, (\d+) timed runs on shared cores\))?")
+
+
+LINEAR = re.compile(r"linear layers: (?:mm form up to (\d+) rows|F\.linear)")
+
+
+def _linear_rows(log: str) -> int:
+    """engine/cpu_gemm.py's start-up choice: the mm form up to this many rows (0: F.linear throughout)."""
+    m = LINEAR.search(log)
+    if m is None:
+        raise RuntimeError(f"no linear layers line in the engine's log:\n{log[-2000:]}")
+    return int(m[1] or 0)
 
 
 def _fit(log: str) -> dict[str, float]:
@@ -62,12 +75,13 @@ def _start(n: int, address: str, threads: int, work: Path, tag: str, wait_s: flo
         for s in servers:
             s.wait_ready(600)
             ready.append(time.monotonic() - t0)
-        fits = [_fit((work / f"{tag}-{i}.log").read_text()) for i in range(n)]
+        logs = [(work / f"{tag}-{i}.log").read_text() for i in range(n)]
+        fits = [{**_fit(text), "linear_rows": _linear_rows(text)} for text in logs]
     finally:
         for s in servers:
             s.stop()
     return {"engines": [{**f, "ready_s": round(r, 1)} for f, r in zip(fits, ready, strict=True)],
-            "ready_s": round(max(ready), 1)}
+            "ready_s": round(max(ready), 1), "f_linear_engines": sum(f["linear_rows"] == 0 for f in fits)}
 
 
 def _ratios(phase: dict[str, Any], alone: dict[str, float]) -> None:
@@ -101,7 +115,9 @@ def run(engines: int, threads: int, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {"engines": engines, "threads": threads, "cpus": os.cpu_count(), "repeats": repeats}
     for phase in ("together_no_wait", "together"):
         out[phase] = {k: _spread([r[phase][k] for r in runs]) for k in ("max_predict_ratio", "ready_s")}
-    out["alone"] = {"ready_s": _spread([r["alone"]["ready_s"] for r in runs])}
+        out[phase]["f_linear_engines"] = sum(r[phase]["f_linear_engines"] for r in runs)
+    out["alone"] = {"ready_s": _spread([r["alone"]["ready_s"] for r in runs]),
+                    "f_linear_engines": sum(r["alone"]["f_linear_engines"] for r in runs)}
     return {**out, "runs": runs, "loadavg_end": os.getloadavg()[0]}
 
 

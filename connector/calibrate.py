@@ -5,10 +5,10 @@ loader writing daemon blocks into scratch pages), so what they measure is what a
 The daemon probe lives in connector/probe.py (distinct blocks beyond the last-level cache, one
 thread policy, a line fitted over several batch sizes); ``probe_daemon`` is re-exported here.
 
-The prefill timings want the cores to themselves (connector/core_load.py: engines started together
+The prefill timings want the cores to themselves (engine/core_load.py: engines started together
 time their prefills against each other). So the calibration first waits, a jittered pause at a
 time, for the other processes to leave enough of this process's cores free for its threads
-(``THREAD_SLACK``), and a
+(``QuietCores``), and a
 timed shape none of whose runs had the cores that quiet is timed again after another such wait.
 All the waiting together is bounded by ``QUIET_WAIT_S``; past it the calibration takes what it
 has (each shape's fastest run, as always: other processes only ever add time), logs a warning and
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from collections.abc import Callable
 
@@ -27,9 +26,9 @@ import numpy as np
 import torch
 
 from connector.config import CALIBRATION_ENV
-from connector.core_load import CoreLoad
 from connector.cost_model import PrefillModel
 from connector.probe import ProbeResult, probe_daemon
+from engine.core_load import CoreLoad, QuietCores
 from engine.forward_batch import ForwardBatch
 from engine.hooks import EngineView
 
@@ -69,78 +68,12 @@ def time_prefill(view: EngineView, new: int, ctx: int) -> float | None:
     return _with_scratch(view, n_pages, run)
 
 
-#: a timed prefill is trusted when the cores other processes leave free number at least the
-#: engine's threads less this (and at most 3/4 of its cores are asked for): with 2 threads on
-#: 2 cores, others may take a quarter of them; with 1 thread there, one whole core is its own; with
-#: 2 threads on a 64-core node, a busy node is still quiet enough
-THREAD_SLACK = 0.5
 #: the most one calibration waits, all its waits together, for its cores to be quiet (the
 #: connector's ``calibrate_quiet_wait_s``): past it, cores kept busy are the engine's lot, and
 #: what it times there is what its requests will pay
 QUIET_WAIT_S = 20.0
-#: how long one look at the cores lasts, and the jittered pause after a busy one (engines started
-#: together then do not all look again at the same moment)
-LOOK_S = 0.15
-PAUSE_S = (0.25, 1.0)
-#: a quiet look is confirmed by a second one after a random pause of up to this: two engines
-#: waiting for each other both see quiet cores (each is only looking) and would start together;
-#: the second look of the later one sees the earlier one's prefills. Without it, two of three
-#: engines started at once timed 14 runs each on shared cores (bench.calibrate_together).
-CONFIRM_PAUSE_S = 0.3
 #: extra runs of a shape none of whose runs had quiet cores
 RETRIES = 2
-
-
-class _Quiet:
-    """The calibration's waits for quiet cores, within one budget."""
-
-    def __init__(self, load: CoreLoad | None, budget_s: float, sleep: Callable[[float], None],
-                 rng: random.Random, threads: int) -> None:
-        self.load, self.left, self.sleep, self.rng = load, budget_s, sleep, rng
-        self.waited_s = 0.0
-        self.contended = 0  # timed runs that shared their cores
-        cores = len(load.cpus) if load is not None else 1
-        self.need = min(max(threads - THREAD_SLACK, THREAD_SLACK), 0.75 * cores)  # free cores wanted
-
-    def _quiet(self, share: float | None) -> bool:
-        return share is None or (1.0 - share) * len(self.load.cpus) >= self.need  # type: ignore[union-attr]
-
-    def wait(self) -> bool:
-        """Until the cores are quiet (True) or the budget is spent (False)."""
-        if self.load is None:
-            return True
-        quiet_looks = 0
-        while True:
-            self.load.mark()
-            self.sleep(LOOK_S)
-            share = self.load.others_share()
-            self._spend(LOOK_S)
-            if self._quiet(share):
-                quiet_looks += 1
-                if quiet_looks == 2:
-                    return True
-                pause = self.rng.uniform(0.0, CONFIRM_PAUSE_S)
-            else:
-                quiet_looks = 0
-                if self.left <= 0:
-                    return False
-                pause = self.rng.uniform(*PAUSE_S)
-            self._spend(pause)
-            self.sleep(pause)
-
-    def _spend(self, s: float) -> None:
-        self.left -= s
-        self.waited_s += s
-
-    def timed(self, fn: Callable[[], float | None]) -> tuple[float | None, bool]:
-        """(``fn``'s seconds, whether the cores were quiet meanwhile)."""
-        if self.load is None:
-            return fn(), True
-        self.load.mark()
-        t = fn()
-        quiet = self._quiet(self.load.others_share())
-        self.contended += not quiet
-        return t, quiet
 
 
 def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = True, repeats: int = 2,
@@ -156,7 +89,7 @@ def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = T
     t0 = time.perf_counter()
     if isinstance(load, str):  # "auto": a GPU's prefills do not run on the cores
         load = CoreLoad.open() if view.device.type == "cpu" and quiet_wait_s > 0 else None
-    quiet = _Quiet(load, quiet_wait_s, sleep, random.Random(), torch.get_num_threads())
+    quiet = QuietCores(load, quiet_wait_s, torch.get_num_threads(), sleep)
     time_prefill(view, 16, 0)  # warm-up
     settled = quiet.wait()
     points = []

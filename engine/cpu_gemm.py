@@ -11,6 +11,12 @@ by shape and thread count, and prefill chunks are hundreds of rows, so the ``mm`
 up to ``SMALL_ROWS`` rows, and only as far as the start-up timing on the model's own weights
 (``small_rows_upto``, at 1, 2, 4 and 8 rows) finds it faster: on 1 thread here it is up to 4 rows
 (at 8 the two are even); another CPU or build may not have the slow path, and then nothing changes.
+
+The choice is made once per process, so it must not be made on cores other processes were using:
+under contention the mm form's two threads wait for each other and F.linear's one does not, and two
+of three engines started together on 2 cores chose F.linear for life where a lone one chooses the
+mm form. So a timing whose cores were shared (engine/core_load.py) is taken again once they are
+quiet, within ``QUIET_WAIT_S``; past it the last timing stands.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.core_load import CoreLoad, QuietCores
+
 log = logging.getLogger(__name__)
 
 SMALL_ROWS = 8
 TIMED_ROWS = (1, 2, 4, SMALL_ROWS)  # the row counts timed at start-up, in order
 MARGIN = 0.9  # the mm form must take at most this share of F.linear's time at each of them
+QUIET_WAIT_S = 20.0  # the most the choice waits, all told, for quiet cores (engine/core_load.py)
+TIMINGS = 10  # the most timings of the choice: the first, then again after each wait for quiet cores
 
 Linear = Callable[..., torch.Tensor]  # (x, w, b=None, rows=None) -> x @ w^T (+ b)
 
@@ -95,14 +105,29 @@ def small_rows_upto(weights: Sequence[torch.Tensor], reps: int = 2) -> int:
     return upto
 
 
+def chosen_upto(weights: Sequence[torch.Tensor], quiet: QuietCores) -> int:
+    """``small_rows_upto``, timed again once the cores are quiet where they were shared (module doc)."""
+    upto, calm = quiet.timed(lambda: small_rows_upto(weights))
+    for _ in range(TIMINGS - 1):
+        if calm or not quiet.wait():
+            break
+        upto, calm = quiet.timed(lambda: small_rows_upto(weights))
+    return upto
+
+
 _CHOSEN: dict[tuple[object, ...], int] = {}  # per model, dtype and thread count: timed once per process
 
 
-def for_weights(key: object, weights: Sequence[torch.Tensor]) -> Linear:
-    """The linear of a model (``key`` names its weights) on the CPU at the current thread count."""
+def for_weights(key: object, weights: Sequence[torch.Tensor], load: CoreLoad | None | str = "auto") -> Linear:
+    """The linear of a model (``key`` names its weights) on the CPU at the current thread count.
+    ``load``: how busy the cores are ("auto": this process's, from /proc; None: never wait)."""
     k = (key, weights[0].dtype if weights else None, torch.get_num_threads())
     if k not in _CHOSEN:
-        _CHOSEN[k] = small_rows_upto(weights)
-        log.info("linear layers: %s", f"mm form up to {_CHOSEN[k]} rows" if _CHOSEN[k] else "F.linear")
+        if isinstance(load, str):
+            load = CoreLoad.open() if weights and weights[0].device.type == "cpu" else None
+        quiet = QuietCores(load, QUIET_WAIT_S, torch.get_num_threads())
+        _CHOSEN[k] = chosen_upto(weights, quiet)
+        log.info("linear layers: %s (%.1fs waiting for quiet cores, %d timings on shared cores)",
+                 f"mm form up to {_CHOSEN[k]} rows" if _CHOSEN[k] else "F.linear", quiet.waited_s, quiet.contended)
     upto = _CHOSEN[k]
     return SmallRows(upto) if upto else plain

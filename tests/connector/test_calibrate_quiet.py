@@ -1,5 +1,5 @@
 """The start-up prefill calibration times its prefills on quiet cores (connector/calibrate.py,
-connector/core_load.py): it waits for other processes to leave its cores, times again a shape
+engine/core_load.py): it waits for other processes to leave its cores, times again a shape
 whose runs all shared them, and gives up waiting after its budget with a warning."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from connector import calibrate
-from connector.core_load import CoreLoad
 from connector.cost_model import PrefillModel
+from engine import core_load
+from engine.core_load import CoreLoad
 
 SAMPLES = ((16, 0), (64, 0), (256, 0), (128, 512))
 
@@ -71,7 +72,7 @@ def test_it_waits_for_busy_cores_then_fits_the_quiet_timings(view, monkeypatch) 
     m = Machine([True] * 4)  # the first four looks find the cores busy (engines starting beside it)
     model = run(m, view, monkeypatch)
     assert m.slow_runs == 0 and m.windows > 4  # every busy window was a look, none a timed run
-    assert m.slept >= 4 * calibrate.LOOK_S + 4 * calibrate.PAUSE_S[0]
+    assert m.slept >= 4 * core_load.LOOK_S + 4 * core_load.PAUSE_S[0]
     assert model.a == pytest.approx(exact().a) and model.b == pytest.approx(exact().b)
 
 
@@ -90,8 +91,8 @@ def test_cores_that_never_quieten_cost_at_most_the_budget_then_a_warning(view, m
     m = Machine([True] * 10_000)
     with caplog.at_level(logging.WARNING, logger="connector.calibrate"):
         model = run(m, view, monkeypatch, quiet_wait_s=5.0)
-    assert m.slept <= 5.0 + calibrate.LOOK_S + calibrate.PAUSE_S[1]
-    assert m.windows < 5.0 / calibrate.LOOK_S + len(SAMPLES) * (2 + calibrate.RETRIES)
+    assert m.slept <= 5.0 + core_load.LOOK_S + core_load.PAUSE_S[1]
+    assert m.windows < 5.0 / core_load.LOOK_S + len(SAMPLES) * (2 + calibrate.RETRIES)
     assert model.a > 2 * exact().a  # it took what it had: the slow timings
     assert "kept this engine's cores busy" in caplog.text
 
@@ -109,10 +110,10 @@ def test_what_counts_as_busy_follows_the_engines_threads(view, monkeypatch) -> N
     core of its own and does not wait."""
     two = Machine([True] * 3, share=0.5)
     run(two, view, monkeypatch, threads=2)
-    assert two.slow_runs == 0 and two.slept > 3 * calibrate.LOOK_S
+    assert two.slow_runs == 0 and two.slept > 3 * core_load.LOOK_S
     one = Machine([True] * 3, share=0.5)
     run(one, view, monkeypatch, threads=1)
-    assert one.windows < 3 + len(SAMPLES) * 2 and one.slept < 2 * calibrate.LOOK_S + calibrate.CONFIRM_PAUSE_S + 1e-9
+    assert one.windows < 3 + len(SAMPLES) * 2 and one.slept < 2 * core_load.LOOK_S + core_load.CONFIRM_PAUSE_S + 1e-9
 
 
 def test_no_reading_of_the_cores_means_no_waiting(view, monkeypatch) -> None:
@@ -131,8 +132,8 @@ def test_core_load_counts_other_processes_not_this_one(tmp_path: Path, monkeypat
                         f"cpu2 {cpu2} 0 0 9 0 0 0 0\nintr 1 2 3\n")
 
     clock = {"mono": 100.0, "cpu": 10.0}
-    monkeypatch.setattr("connector.core_load.time.monotonic", lambda: clock["mono"])
-    monkeypatch.setattr("connector.core_load.time.process_time", lambda: clock["cpu"])
+    monkeypatch.setattr("engine.core_load.time.monotonic", lambda: clock["mono"])
+    monkeypatch.setattr("engine.core_load.time.process_time", lambda: clock["cpu"])
     tick = CoreLoad(set(), stat).tick
     write(0, 0, 0)
     load = CoreLoad({0, 1}, stat)  # cpu2 is not ours
@@ -191,3 +192,15 @@ def test_bench_calibrate_together_reads_the_fit_from_the_log_line(view, monkeypa
     assert fit["a"] == pytest.approx(model.a, rel=1e-3, abs=1e-4) and fit["b"] == pytest.approx(model.b, rel=1e-2)
     assert fit["waited_s"] > 0 and fit["contended_runs"] == 0
     assert fit["predict_256_s"] == pytest.approx(model.predict(256), rel=1e-2)
+
+
+def test_bench_calibrate_together_reads_the_choice_of_form_from_the_log_line(monkeypatch, caplog) -> None:
+    from bench.calibrate_together import _linear_rows
+    from engine import cpu_gemm
+
+    for upto in (4, 0):
+        monkeypatch.setattr(cpu_gemm, "small_rows_upto", lambda _w, upto=upto: upto)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="engine.cpu_gemm"):
+            cpu_gemm.for_weights(("test-key", upto), [torch.zeros(4, 4)], load=None)
+        assert _linear_rows(caplog.text) == upto

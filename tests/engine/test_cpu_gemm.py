@@ -85,3 +85,40 @@ def test_the_last_layers_row_subset_takes_the_whole_steps_form(tiny, monkeypatch
     assert step.logit_indices.tolist() == [19, 29]
     model.forward(step, eng.pool, eng.attn)
     assert rows_seen == [2]  # the LM head on the 2 rows that need logits
+
+
+class _Cores:
+    """A CoreLoad whose windows are busy (another process on most of 2 cores) or quiet, in order."""
+
+    cpus = {0, 1}
+
+    def __init__(self, busy: list[bool]) -> None:
+        self.busy, self.now = list(busy), False
+
+    def mark(self) -> None:
+        self.now = self.busy.pop(0) if self.busy else False
+
+    def others_share(self) -> float:
+        return 0.8 if self.now else 0.0
+
+
+def test_a_choice_timed_on_shared_cores_is_timed_again_once_they_are_quiet(monkeypatch) -> None:
+    """Under contention the mm form's threads wait for each other and F.linear's one does not: a
+    timing on shared cores would choose F.linear for the process's life."""
+    from engine.core_load import QuietCores
+
+    cores = _Cores([True])  # the first timing shares its cores; every look after is quiet
+    now = [cores]  # the timing's answer follows the cores it ran on: F.linear (0) when they were shared
+    monkeypatch.setattr(cpu_gemm, "small_rows_upto", lambda _w: 0 if now[0].now else SMALL_ROWS)
+    slept: list[float] = []
+    quiet = QuietCores(cores, 10.0, threads=2, sleep=slept.append)  # type: ignore[arg-type]
+    assert cpu_gemm.chosen_upto([torch.zeros(4, 4)], quiet) == SMALL_ROWS
+    assert quiet.contended == 1 and slept  # it waited, then timed again
+    # cores that stay busy: the last timing stands once the budget is spent
+    busy = now[0] = _Cores([True] * 10_000)
+    quiet = QuietCores(busy, 2.0, threads=2, sleep=lambda s: None)  # type: ignore[arg-type]
+    assert cpu_gemm.chosen_upto([torch.zeros(4, 4)], quiet) == 0 and quiet.left <= 0
+    # without a reading of the cores: one timing, no wait
+    calls: list[int] = []
+    monkeypatch.setattr(cpu_gemm, "small_rows_upto", lambda _w: calls.append(1) or 4)
+    assert cpu_gemm.chosen_upto([torch.zeros(4, 4)], QuietCores(None, 10.0, threads=2)) == 4 and calls == [1]
