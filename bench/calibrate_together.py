@@ -5,8 +5,9 @@ they take to be ready, with and without the wait for quiet cores (connector/cali
 
 One kvstore daemon; one kvengine (the bundled SmolLM2-135M, ``--threads``) started alone, the
 reference; then ``--engines`` of them started at the same moment with
-``TIERKV_CONNECTOR_CALIBRATE_QUIET_WAIT_S=0`` (``together_no_wait``: the calibration as it was) and
-with the default wait (``together``). Each engine's fit (a, b, c) is read from its log line, and
+``TIERKV_CONNECTOR_CALIBRATE_QUIET_WAIT_S=0`` and ``TIERKV_ENGINE_CPU_GEMM_QUIET_WAIT_S=0``
+(``together_no_wait``: both start-up timings as they were) and with the default waits
+(``together``). Each engine's fit (a, b, c) is read from its log line, and
 priced as the predicted seconds of a 256-token and a 1,024-token prefill. Figures, per phase: each
 engine's ``predict_256_over_alone`` (its prediction / the lone engine's), ``ready_s`` (start to
 /health answering, the last of them), ``waited_s`` and ``contended_runs`` (from the log line).
@@ -65,8 +66,9 @@ def _fit(log: str) -> dict[str, float]:
 
 def _start(n: int, address: str, threads: int, work: Path, tag: str, wait_s: float | None) -> dict[str, Any]:
     env = {"OMP_NUM_THREADS": str(threads)}
-    if wait_s is not None:
+    if wait_s is not None:  # both start-up timings: the prefill model's and the small-step form's
         env["TIERKV_CONNECTOR_CALIBRATE_QUIET_WAIT_S"] = str(wait_s)
+        env["TIERKV_ENGINE_CPU_GEMM_QUIET_WAIT_S"] = str(wait_s)
     t0 = time.monotonic()
     servers = [EngineServer("--kvstore", address, "--threads", str(threads), "--num-pages", "256", env=env,
                             log_path=work / f"{tag}-{i}.log", label=f"{tag}-{i}") for i in range(n)]

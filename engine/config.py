@@ -27,6 +27,9 @@ class EngineConfig:
     # linear layers of small steps on the CPU: auto = the mm form where start-up timing finds it faster
     # than F.linear (engine/cpu_gemm.py) | linear = F.linear always
     cpu_gemm: str = "auto"
+    # the most that choice waits, all told, for other processes to leave the cores it is timed on
+    # (engines started together time against each other: engine/cpu_gemm.py); 0: never waits
+    cpu_gemm_quiet_wait_s: float = 20.0
     seed: int = 0
     served_model_name: str = ""
     kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)
@@ -60,6 +63,8 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.cpu_gemm not in ("auto", "linear"):
             raise ValueError(f"unknown cpu_gemm {self.cpu_gemm!r} (auto or linear)")
+        if self.cpu_gemm_quiet_wait_s < 0:
+            raise ValueError(f"cpu_gemm_quiet_wait_s must be >= 0, got {self.cpu_gemm_quiet_wait_s}")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
         if self.tenant:

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 SMALL_ROWS = 8
 TIMED_ROWS = (1, 2, 4, SMALL_ROWS)  # the row counts timed at start-up, in order
 MARGIN = 0.9  # the mm form must take at most this share of F.linear's time at each of them
-QUIET_WAIT_S = 20.0  # the most the choice waits, all told, for quiet cores (engine/core_load.py)
+QUIET_WAIT_S = 20.0  # the most the choice waits, all told, for quiet cores (engine/core_load.py; the
+# engine's cpu_gemm_quiet_wait_s, TIERKV_ENGINE_CPU_GEMM_QUIET_WAIT_S)
 TIMINGS = 10  # the most timings of the choice: the first, then again after each wait for quiet cores
 
 Linear = Callable[..., torch.Tensor]  # (x, w, b=None, rows=None) -> x @ w^T (+ b)
@@ -118,14 +119,16 @@ def chosen_upto(weights: Sequence[torch.Tensor], quiet: QuietCores) -> int:
 _CHOSEN: dict[tuple[object, ...], int] = {}  # per model, dtype and thread count: timed once per process
 
 
-def for_weights(key: object, weights: Sequence[torch.Tensor], load: CoreLoad | None | str = "auto") -> Linear:
+def for_weights(key: object, weights: Sequence[torch.Tensor], load: CoreLoad | None | str = "auto",
+                quiet_wait_s: float = QUIET_WAIT_S) -> Linear:
     """The linear of a model (``key`` names its weights) on the CPU at the current thread count.
-    ``load``: how busy the cores are ("auto": this process's, from /proc; None: never wait)."""
+    ``load``: how busy the cores are ("auto": this process's, from /proc; None: never wait);
+    ``quiet_wait_s``: the most it waits for them (the engine's ``cpu_gemm_quiet_wait_s``; 0: never)."""
     k = (key, weights[0].dtype if weights else None, torch.get_num_threads())
     if k not in _CHOSEN:
         if isinstance(load, str):
-            load = CoreLoad.open() if weights and weights[0].device.type == "cpu" else None
-        quiet = QuietCores(load, QUIET_WAIT_S, torch.get_num_threads())
+            load = CoreLoad.open() if weights and weights[0].device.type == "cpu" and quiet_wait_s > 0 else None
+        quiet = QuietCores(load, quiet_wait_s, torch.get_num_threads())
         _CHOSEN[k] = chosen_upto(weights, quiet)
         log.info("linear layers: %s (%.1fs waiting for quiet cores, %d timings on shared cores)",
                  f"mm form up to {_CHOSEN[k]} rows" if _CHOSEN[k] else "F.linear", quiet.waited_s, quiet.contended)

@@ -122,3 +122,15 @@ def test_a_choice_timed_on_shared_cores_is_timed_again_once_they_are_quiet(monke
     calls: list[int] = []
     monkeypatch.setattr(cpu_gemm, "small_rows_upto", lambda _w: calls.append(1) or 4)
     assert cpu_gemm.chosen_upto([torch.zeros(4, 4)], QuietCores(None, 10.0, threads=2)) == 4 and calls == [1]
+
+
+def test_the_wait_for_quiet_cores_is_configured_and_bounded(monkeypatch) -> None:
+    with pytest.raises(ValueError, match="cpu_gemm_quiet_wait_s"):
+        EngineConfig(cpu_gemm_quiet_wait_s=-1)
+    monkeypatch.setenv("TIERKV_ENGINE_CPU_GEMM_QUIET_WAIT_S", "0")
+    assert EngineConfig.from_env().cpu_gemm_quiet_wait_s == 0.0
+    opened: list[int] = []
+    monkeypatch.setattr(cpu_gemm.CoreLoad, "open", staticmethod(lambda: opened.append(1)))
+    monkeypatch.setattr(cpu_gemm, "small_rows_upto", lambda _w: 2)
+    cpu_gemm.for_weights(("quiet-wait-0",), [torch.zeros(4, 4)], quiet_wait_s=0)
+    assert opened == []  # 0: the cores are not even read
