@@ -92,7 +92,8 @@ BENCHES: dict[str, list[Figure]] = {
     "calibrate_together": [Figure("together.max_predict_ratio.median", None),
                            Figure("together_no_wait.max_predict_ratio.median", None),
                            Figure("together.ready_s.median", None), Figure("together_no_wait.ready_s.median", None),
-                           Figure("together.f_linear_engines", 0, "=="), Figure("alone.f_linear_engines", None)],
+                           Figure("together.f_linear_engines", None),
+                           Figure("together_no_wait.f_linear_engines", None), Figure("alone.f_linear_engines", None)],
     # #23 part 1: capacity as capacity (median knee over >= 3 runs, its spread from capacity_qps_runs),
     # ITL from >= 1,000 gaps, the working set measured; s3/RAG figures come from full runs only
     "serve": [Figure("runs", 3), Figure("working_set_over_pool", 4.0),
