@@ -114,16 +114,20 @@ def test_sigterm_mid_run_tears_everything_down() -> None:
     prefix = "tkst" + os.urandom(2).hex()
     proc = subprocess.Popen([sys.executable, "-m", "bench.cluster", "--quick", "--no-latency", "--faults",
                              "node_lost", "--prefix", prefix], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    inodes: set[int] = set()
+    by_name: dict[str, int] = {}
+    nsfs = os.stat("/proc/self/ns/net").st_dev  # a namespace's file, once `ip netns add` has mounted it
     try:
         deadline = time.monotonic() + 60
-        while len(inodes) < 11 and time.monotonic() < deadline:  # bridge + 3 nodes + 6 redis + s3
+        while len(by_name) < 11 and time.monotonic() < deadline:  # bridge + 3 nodes + 6 redis + s3
             for ns in netns.existing(prefix + "-"):
                 try:
-                    inodes.add(os.stat(f"{netns.NETNS_DIR}/{ns}").st_ino)
+                    st = os.stat(f"{netns.NETNS_DIR}/{ns}")
                 except OSError:
-                    pass
+                    continue
+                if st.st_dev == nsfs:  # not the plain file `ip netns add` creates before it mounts on it
+                    by_name[ns] = st.st_ino
             time.sleep(0.2)
+        inodes = set(by_name.values())
         assert len(inodes) == 11, f"the run never built its namespaces ({proc.poll()})"
         node2 = os.stat(f"{netns.NETNS_DIR}/{prefix}-node2").st_ino
         while not _in_namespaces({node2}, b"node_worker") and time.monotonic() < deadline + 60:
