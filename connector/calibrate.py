@@ -28,7 +28,7 @@ import torch
 from connector.config import CALIBRATION_ENV
 from connector.cost_model import PrefillModel
 from connector.probe import ProbeResult, probe_daemon
-from engine.core_load import CoreLoad, QuietCores
+from engine.core_load import QUIET_WAIT_S, CoreLoad, QuietCores
 from engine.forward_batch import ForwardBatch
 from engine.hooks import EngineView
 
@@ -68,10 +68,6 @@ def time_prefill(view: EngineView, new: int, ctx: int) -> float | None:
     return _with_scratch(view, n_pages, run)
 
 
-#: the most one calibration waits, all its waits together, for its cores to be quiet (the
-#: connector's ``calibrate_quiet_wait_s``): past it, cores kept busy are the engine's lot, and
-#: what it times there is what its requests will pay
-QUIET_WAIT_S = 20.0
 #: extra runs of a shape none of whose runs had quiet cores
 RETRIES = 2
 
@@ -87,8 +83,8 @@ def calibrate_prefill(view: EngineView, samples=PREFILL_SAMPLES, cache: bool = T
     if cache and key in _PREFILL_CACHE:
         return _PREFILL_CACHE[key]
     t0 = time.perf_counter()
-    if isinstance(load, str):  # "auto": a GPU's prefills do not run on the cores
-        load = CoreLoad.open() if view.device.type == "cpu" and quiet_wait_s > 0 else None
+    if isinstance(load, str):
+        load = CoreLoad.for_timing(view.device.type, quiet_wait_s)
     quiet = QuietCores(load, quiet_wait_s, torch.get_num_threads(), sleep)
     time_prefill(view, 16, 0)  # warm-up
     settled = quiet.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core_load import QUIET_WAIT_S
 from engine.env import EnvDeclaration
 from kvstore.keys import check_tenant_name
 
@@ -31,7 +32,7 @@ class ConnectorConfig:
     calibrate: bool = True  # time a few prefills at start-up (else use prefill_coeffs)
     # the most the start-up calibration waits, all told, for other processes to leave its cores
     # (engines started together time their prefills against each other: connector/calibrate.py); 0: never
-    calibrate_quiet_wait_s: float = 20.0
+    calibrate_quiet_wait_s: float = QUIET_WAIT_S
     prefill_coeffs: tuple[float, float, float] = (0.0, 0.0, 0.0)  # a, b, c when not calibrating
     prefill_learn: bool = True  # correct the prefill model online from the engine's timed steps
     probe: bool = True  # measure the daemon's latency/bandwidth at start-up

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core_load import QUIET_WAIT_S
 from engine.env import EnvDeclaration, parse_size
 
 ENV_PREFIX = "TIERKV_ENGINE_"  # TIERKV_ENGINE_<FIELD> sets a field (a flag overrides it)
@@ -29,7 +30,7 @@ class EngineConfig:
     cpu_gemm: str = "auto"
     # the most that choice waits, all told, for other processes to leave the cores it is timed on
     # (engines started together time against each other: engine/cpu_gemm.py); 0: never waits
-    cpu_gemm_quiet_wait_s: float = 20.0
+    cpu_gemm_quiet_wait_s: float = QUIET_WAIT_S
     seed: int = 0
     served_model_name: str = ""
     kvstore: str = ""  # kvstore daemon HOST:PORT to attach the connector to ("" = none)

@@ -46,6 +46,10 @@ LOOK_S = 0.15
 PAUSE_S = (0.25, 1.0)
 #: the random pause before the look that confirms a quiet one
 CONFIRM_PAUSE_S = 0.3
+#: the most one start-up timing waits, all told, for quiet cores by default (the connector's
+#: ``calibrate_quiet_wait_s``, the engine's ``cpu_gemm_quiet_wait_s``): past it, cores kept busy
+#: are the engine's lot, and what it times there is what its requests will pay
+QUIET_WAIT_S = 20.0
 
 
 class CoreLoad:
@@ -53,6 +57,12 @@ class CoreLoad:
         self.cpus, self.stat = cpus, stat
         self.tick = os.sysconf("SC_CLK_TCK")
         self._mark = self._read()
+
+    @staticmethod
+    def for_timing(device_type: str, wait_s: float) -> CoreLoad | None:
+        """The cores to read around a start-up timing on ``device_type``: none on a GPU (its work
+        does not run on them) or when the timing may not wait (``wait_s`` 0)."""
+        return CoreLoad.open() if device_type == "cpu" and wait_s > 0 else None
 
     @staticmethod
     def open(stat: Path = _STAT) -> CoreLoad | None:

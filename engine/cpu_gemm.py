@@ -28,15 +28,13 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.core_load import CoreLoad, QuietCores
+from engine.core_load import QUIET_WAIT_S, CoreLoad, QuietCores
 
 log = logging.getLogger(__name__)
 
 SMALL_ROWS = 8
 TIMED_ROWS = (1, 2, 4, SMALL_ROWS)  # the row counts timed at start-up, in order
 MARGIN = 0.9  # the mm form must take at most this share of F.linear's time at each of them
-QUIET_WAIT_S = 20.0  # the most the choice waits, all told, for quiet cores (engine/core_load.py; the
-# engine's cpu_gemm_quiet_wait_s, TIERKV_ENGINE_CPU_GEMM_QUIET_WAIT_S)
 TIMINGS = 10  # the most timings of the choice: the first, then again after each wait for quiet cores
 
 Linear = Callable[..., torch.Tensor]  # (x, w, b=None, rows=None) -> x @ w^T (+ b)
@@ -127,7 +125,7 @@ def for_weights(key: object, weights: Sequence[torch.Tensor], load: CoreLoad | N
     k = (key, weights[0].dtype if weights else None, torch.get_num_threads())
     if k not in _CHOSEN:
         if isinstance(load, str):
-            load = CoreLoad.open() if weights and weights[0].device.type == "cpu" and quiet_wait_s > 0 else None
+            load = CoreLoad.for_timing(weights[0].device.type, quiet_wait_s) if weights else None
         quiet = QuietCores(load, quiet_wait_s, torch.get_num_threads())
         _CHOSEN[k] = chosen_upto(weights, quiet)
         log.info("linear layers: %s (%.1fs waiting for quiet cores, %d timings on shared cores)",
