@@ -56,4 +56,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info connector/_native*.so
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info connector/_native*.so engine/_gemm*.so

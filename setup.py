@@ -19,6 +19,16 @@ setup(
             extra_compile_args=["-O3", "-std=gnu11", "-pthread", "-ffp-contract=off", "-fvisibility=default"],
             extra_link_args=["-pthread"],
             optional=True,
-        )
+        ),
+        # the engine's own: y = x @ w^T for a step of a few rows (engine/native_gemm.py); the engine
+        # imports nothing of connector/, so it is a library of its own
+        Extension(
+            "engine._gemm",
+            sources=["csrc/gemm.c"],
+            # -fopenmp: libgomp.so.1, the OpenMP runtime torch has loaded (csrc/gemm.c says why)
+            extra_compile_args=["-O3", "-std=gnu11", "-fopenmp", "-ffp-contract=off", "-fvisibility=default"],
+            extra_link_args=["-fopenmp"],
+            optional=True,
+        ),
     ]
 )

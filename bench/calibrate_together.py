@@ -39,11 +39,12 @@ FIT = re.compile(r"prefill model a=([\d.e+-]+)s b=([\d.e+-]+)ms/token c=([\d.e+-
                  r"in ([\d.]+)s(?: \(([\d.]+)s of it waiting for quiet cores, (\d+) timed runs on shared cores\))?")
 
 
-LINEAR = re.compile(r"linear layers: (?:mm form up to (\d+) rows|F\.linear)")
+LINEAR = re.compile(r"linear layers: (?:.*F\.linear past (\d+) \(|F\.linear \()")
 
 
 def _linear_rows(log: str) -> int:
-    """engine/cpu_gemm.py's start-up choice: the mm form up to this many rows (0: F.linear throughout)."""
+    """engine/cpu_gemm.py's start-up choice: a form other than F.linear up to this many rows (0: F.linear
+    throughout)."""
     m = LINEAR.search(log)
     if m is None:
         raise RuntimeError(f"no linear layers line in the engine's log:\n{log[-2000:]}")

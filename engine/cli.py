@@ -63,9 +63,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help=_field_help("attention kernels", "attention_backend"))
     p.add_argument("--threads", type=int, default=None, dest="num_threads",
                    help=_field_help("torch threads on CPU", "num_threads", "0 = torch's"))
-    p.add_argument("--cpu-gemm", default=None, choices=["auto", "linear"],
-                   help=_field_help("linear layers of small steps on the CPU: auto times the mm form against "
-                                    "F.linear at start-up (engine/cpu_gemm.py)", "cpu_gemm"))
+    p.add_argument("--cpu-gemm", default=None, choices=["auto", "torch", "linear"],
+                   help=_field_help("linear layers of small steps on the CPU: auto times the native and mm forms "
+                                    "against F.linear at start-up (engine/cpu_gemm.py); torch: without the "
+                                    "native form", "cpu_gemm"))
     p.add_argument("--kvstore", default=None, metavar="HOST:PORT",
                    help=_field_help("kvstore daemon address (attaches the connector)", "kvstore"))
     p.add_argument("--kv-connector", default=None,

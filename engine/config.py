@@ -25,8 +25,9 @@ class EngineConfig:
     max_model_len: int = 0  # 0 = the model's max_position_embeddings
     attention_backend: str = "auto"  # auto | torch | flashinfer
     num_threads: int = 0  # torch intra-op threads on CPU; 0 = leave torch's default
-    # linear layers of small steps on the CPU: auto = the mm form where start-up timing finds it faster
-    # than F.linear (engine/cpu_gemm.py) | linear = F.linear always
+    # linear layers of small steps on the CPU: auto = the fastest of the native form (csrc/gemm.c), the
+    # mm form and F.linear at each step size, timed at start-up (engine/cpu_gemm.py) | torch = the same
+    # without the native form | linear = F.linear always
     cpu_gemm: str = "auto"
     # the most that choice waits, all told, for other processes to leave the cores it is timed on
     # (engines started together time against each other: engine/cpu_gemm.py); 0: never waits
@@ -62,8 +63,8 @@ class EngineConfig:
             raise ValueError(f"unknown device {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
-        if self.cpu_gemm not in ("auto", "linear"):
-            raise ValueError(f"unknown cpu_gemm {self.cpu_gemm!r} (auto or linear)")
+        if self.cpu_gemm not in ("auto", "torch", "linear"):
+            raise ValueError(f"unknown cpu_gemm {self.cpu_gemm!r} (auto, torch or linear)")
         if self.cpu_gemm_quiet_wait_s < 0:
             raise ValueError(f"cpu_gemm_quiet_wait_s must be >= 0, got {self.cpu_gemm_quiet_wait_s}")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):

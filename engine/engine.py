@@ -67,9 +67,10 @@ class LLMEngine:
         self.arch = self.loaded.arch
         self.tokenizer = self.loaded.tokenizer
         self.model = LlamaModel(self.arch, self.loaded.weights, self.device, self.dtype)
-        if self.device.type == "cpu" and config.cpu_gemm == "auto":
+        if self.device.type == "cpu" and config.cpu_gemm != "linear":
             self.model.linear = cpu_gemm.for_weights(self.loaded.fingerprint, self.model.weights(),
-                                                     quiet_wait_s=config.cpu_gemm_quiet_wait_s)
+                                                     quiet_wait_s=config.cpu_gemm_quiet_wait_s,
+                                                     native=config.cpu_gemm == "auto")
         num_pages = config.num_pages or KVPool.pages_for_budget(self.arch, config.kv_memory, config.page_size,
                                                                   self.dtype)
         self.pool = KVPool(self.arch, num_pages, config.page_size, self.dtype, self.device)

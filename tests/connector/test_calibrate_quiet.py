@@ -198,8 +198,8 @@ def test_bench_calibrate_together_reads_the_choice_of_form_from_the_log_line(mon
     from bench.calibrate_together import _linear_rows
     from engine import cpu_gemm
 
-    for upto in (4, 0):
-        monkeypatch.setattr(cpu_gemm, "small_rows_upto", lambda _w, upto=upto: upto)
+    for upto, plan in ((4, ((4, "mm"),)), (32, ((2, "mm"), (32, "native"))), (0, ())):
+        monkeypatch.setattr(cpu_gemm, "small_rows_plan", lambda _w, _c, plan=plan: plan)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="engine.cpu_gemm"):
             cpu_gemm.for_weights(("test-key", upto), [torch.zeros(4, 4)], load=None)
