@@ -14,6 +14,12 @@ One in-process engine per thread count, the bundled model; a stream decodes thro
 rep, the decode-only step and then, for each k, a step joined by one new k-token prompt
 (max_tokens 1: it leaves in that step), interleaved so background load falls on all alike. The
 median of ``reps`` and each one's ratio to the decode-only step.
+
+Each thread count runs twice: the engine as configured by default (``cpu_gemm`` auto: the native
+form of csrc/gemm.c among the forms timed at start-up) and with ``cpu_gemm`` torch (torch's forms
+only, the engine before the native form), in alternating order; ``native_speedup`` is the torch
+engine's median step over the default one's (``torch_forms`` holds its figures), and ``forms``
+each engine's start-up choice.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 import numpy as np
 import torch
 
+from engine import cpu_gemm
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.model_loader import load_model
@@ -69,19 +76,28 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()
     doc: dict[str, object] = {"threads": threads, "prompt_tokens": ks, "reps": a.reps, "step_s": {},
-                              "step_runs_s": {}, "ratio_to_decode": {}}  # fmt: skip
-    for t in threads:
+                              "step_runs_s": {}, "ratio_to_decode": {}, "forms": {},
+                              "torch_forms": {"step_s": {}, "step_runs_s": {}, "ratio_to_decode": {}},
+                              "native_speedup": {}}  # fmt: skip
+    for i, t in enumerate(threads):
         torch.set_num_threads(t)
-        eng = LLMEngine(EngineConfig(num_threads=t, num_pages=256), loaded=lm)
-        runs = measure(eng, ks, a.reps, rng)
-        med = {k: statistics.median(v) for k, v in runs.items()}
-        doc["step_s"][str(t)] = med  # type: ignore[index]
-        doc["step_runs_s"][str(t)] = runs  # type: ignore[index]
-        doc["ratio_to_decode"][str(t)] = {k: med[k] / med["decode"] for k in runs if k != "decode"}  # type: ignore[index]
+        meds = {}
+        for gemm in (("auto", "torch") if i % 2 == 0 else ("torch", "auto")):
+            eng = LLMEngine(EngineConfig(num_threads=t, num_pages=256, cpu_gemm=gemm), loaded=lm)
+            lin = eng.model.linear
+            doc["forms"].setdefault(str(t), {})[gemm] = cpu_gemm.describe(getattr(lin, "plan", ()))  # type: ignore[union-attr]
+            runs = measure(eng, ks, a.reps, rng)
+            del eng
+            med = meds[gemm] = {k: statistics.median(v) for k, v in runs.items()}
+            into = doc if gemm == "auto" else doc["torch_forms"]
+            into["step_s"][str(t)] = med  # type: ignore[index]
+            into["step_runs_s"][str(t)] = runs  # type: ignore[index]
+            into["ratio_to_decode"][str(t)] = {k: med[k] / med["decode"] for k in runs if k != "decode"}  # type: ignore[index]
+        doc["native_speedup"][str(t)] = {k: meds["torch"][k] / meds["auto"][k] for k in meds["auto"]}  # type: ignore[index]
     doc["loadavg_before"], doc["loadavg_after"] = list(load_before), list(os.getloadavg())
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
-    print(json.dumps({"step_s": doc["step_s"], "ratio_to_decode": doc["ratio_to_decode"]}, indent=1))
+    print(json.dumps({k: doc[k] for k in ("forms", "step_s", "ratio_to_decode", "native_speedup")}, indent=1))
     return 0
 
 

@@ -85,8 +85,11 @@ BENCHES: dict[str, list[Figure]] = {
     # #22: one decoding stream's step alone and joined by one new 5-token prompt (bench/mixed_step.py), on
     # 1 thread (the soak's replicas) and 2: the floor of what each admitted request of a flood costs the
     # stream's gap, so of the salt floods' ITL p99 ratio
+    # native_speedup: the engine with torch's forms only (as before csrc/gemm.c) over the default one, same run
     "mixed_step": [Figure("step_s.1.decode", None), Figure("ratio_to_decode.1.5", None),
-                   Figure("step_s.2.decode", None), Figure("ratio_to_decode.2.5", None)],
+                   Figure("step_s.2.decode", None), Figure("ratio_to_decode.2.5", None),
+                   Figure("native_speedup.1.5", None), Figure("native_speedup.2.5", None),
+                   Figure("native_speedup.2.16", None), Figure("native_speedup.2.decode", None)],
     # engines started together on one host: their start-up prefill fits against a lone engine's, with the
     # wait for quiet cores (connector/calibrate.py) and without it (bench/calibrate_together.py)
     "calibrate_together": [Figure("together.max_predict_ratio.median", None),
