@@ -1,8 +1,9 @@
 """`kvengine serve` on SIGTERM: stops taking requests, sends the KV offloads still staged (within
---shutdown-grace-s), closes the connector and exits 0."""
+--shutdown-grace-s), closes the connector and exits 0 (and, once serving, has frozen its start-up objects)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -27,6 +28,9 @@ def test_sigterm_flushes_staged_offloads_and_exits_zero(tiny_model_dir: Path, tm
         assert d.proc is not None
         try:
             server.wait_ready(120)
+            # start-up's objects are frozen, out of the full collections' walk (engine/cli.py settle_heap)
+            frozen = re.search(r"froze (\d+) start-up objects", log.read_text())
+            assert frozen is not None and int(frozen.group(1)) > 10_000, log.read_text()[-2000:]
             d.proc.send_signal(signal.SIGSTOP)  # the daemon stalls: the write-through offload stays staged
             body = {"prompt": ids, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
             r = httpx.post(base + "/v1/completions", json=body, timeout=60)
