@@ -90,6 +90,10 @@ BENCHES: dict[str, list[Figure]] = {
                    Figure("step_s.2.decode", None), Figure("ratio_to_decode.2.5", None),
                    Figure("native_speedup.1.5", None), Figure("native_speedup.2.5", None),
                    Figure("native_speedup.2.16", None), Figure("native_speedup.2.decode", None)],
+    # #22: another tenant's flood of 5-token completions against a stream, with the engine's bound on what
+    # other tenants' prompts add to a stream's step (engine/step_budget.py) and without it, same run
+    "tenant_flood": [Figure("itl_p99_ratio", 1.5, "<="), Figure("itl_p50_ratio", None),
+                     Figure("unbounded_itl_p99_ratio", None), Figure("flood_rps_kept", None)],
     # engines started together on one host: their start-up prefill fits against a lone engine's, with the
     # wait for quiet cores (connector/calibrate.py) and without it (bench/calibrate_together.py)
     "calibrate_together": [Figure("together.max_predict_ratio.median", None),

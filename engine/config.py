@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.core_load import QUIET_WAIT_S
@@ -22,6 +23,10 @@ class EngineConfig:
     # prompt tokens one step may add to its decodes (chunked prefill): small keeps streams flowing behind
     # long prompts (bench/results/serve_prefill_sweep_quick.json, docs/operations.md); raise it on a GPU
     max_prefill_tokens: int = 128
+    # of those, prompts of tenants other than one decoding in the step may add at most this share of a
+    # decode-only step to it (learnt from the engine's steps): what another tenant's load adds to a
+    # stream's gap between tokens (engine/step_budget.py; only with several tenants); 0 = no bound
+    cross_tenant_step_share: float = 0.5
     max_model_len: int = 0  # 0 = the model's max_position_embeddings
     attention_backend: str = "auto"  # auto | torch | flashinfer
     num_threads: int = 0  # torch intra-op threads on CPU; 0 = leave torch's default
@@ -76,6 +81,8 @@ class EngineConfig:
             if self.api_keys_file:
                 raise ValueError("tenant names the one tenant of an engine without API keys; with api_keys_file "
                                  "each key names its tenant")
+        if not 0 <= self.cross_tenant_step_share < math.inf:
+            raise ValueError(f"cross_tenant_step_share must be >= 0, got {self.cross_tenant_step_share}")
         for name in ("max_waiting", "max_tenant_in_flight", "max_stop_strings", "max_stop_token_ids", "max_prompt_chars", "max_body_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -200,6 +200,7 @@ class LLMEngine:
                 self.scheduler.wake.wait(IDLE_WAIT_S)
             return []
         t0 = time.perf_counter()
+        prompt_tokens = sum(n for req, n in plan if n > 1 or req.num_computed < len(req.prompt_ids))
         seqs, needs_logits = [], []
         for req, n in plan:
             start = req.num_computed
@@ -226,8 +227,10 @@ class LLMEngine:
             outs.append(RequestOutput(req.rid, [tok], new_text, req.finished, req.finish_reason,
                                       len(req.prompt_ids), len(req.output_ids), req.cached_tokens,
                                       usage=req.usage))
+        dt = time.perf_counter() - t0
+        self.scheduler.step_cost.observe(prompt_tokens, dt)
         if self.step_listeners:
-            shape, dt = [(n, start) for (_, start, _), (_, n) in zip(seqs, plan, strict=True)], time.perf_counter() - t0
+            shape = [(n, start) for (_, start, _), (_, n) in zip(seqs, plan, strict=True)]
             for fn in self.step_listeners:
                 fn(shape, dt)
         return outs

@@ -17,6 +17,7 @@ import torch
 from engine.hooks import LoadingHook
 from engine.radix_cache import TreeNode
 from engine.sampling import SamplingParams
+from engine.tenancy import split_salt
 
 if TYPE_CHECKING:
     from engine.stop import StopState
@@ -141,6 +142,11 @@ class Request:
     #: per-request state of the plug-ins, each under the key its plug-in chose and owned by it (the
     #: engine never looks inside; it asks each to ``account`` for the usage, in insertion order)
     extras: dict[str, HookState] = field(default_factory=dict)
+
+    @property
+    def tenant(self) -> str:
+        """The tenant of the request's scope (engine/tenancy.py; "" for an unscoped one)."""
+        return split_salt(self.cache_salt)[0]
 
     @property
     def cached_tokens(self) -> int:

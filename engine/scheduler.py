@@ -7,7 +7,8 @@ Every step the scheduler hands the engine a list of (request, n_tokens) to feed:
   1. every running request that is decoding feeds its one token (pages permitting; when
      the pool is full it evicts radix leaves, then takes back the prefix a queued request
      holds, then preempts the newest running request);
-  2. running requests still in prefill take chunks from the step's token budget;
+  2. running requests still in prefill take chunks from the step's token budget (of which another
+     tenant's streams bound what a tenant's prompts may take: engine/step_budget.py);
   3. waiting requests are admitted first-come-first-served while budget and seats remain,
      skipping those still LOADING: each brings the prefix it holds (radix match, then what the
      loading hooks fetched), then each plain admission hook in order proposes what it can add
@@ -37,6 +38,7 @@ from engine.errors import PromptTooLongError
 from engine.kv_pool import KVPool
 from engine.radix_cache import RadixCache
 from engine.request import Request, Status
+from engine.step_budget import StepBudget, StepCost
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.max_model_len = max_model_len
         self.num_preemptions = 0
+        self.step_cost = StepCost()  # learnt from each step (LLMEngine._step): what a prompt token costs a stream
 
     @property
     def wake(self) -> threading.Event:
@@ -156,21 +159,24 @@ class Scheduler:
                     break
             if req.status is Status.RUNNING:
                 plan.append((req, 1))
-        budget = max(budget - len(plan), 0)
+        share = self.cfg.cross_tenant_step_share
+        cross = self.step_cost.cross_tokens(share, self.cfg.page_size) if share > 0 else None
+        budget = StepBudget(budget - len(plan), cross, (r.tenant for r, _ in plan))
         # 2. running prefills continue
         for req in sorted((r for r in self.running if r.remaining > 1), key=lambda r: r.arrival):
-            if budget <= 0:
+            if budget.total <= 0:
                 break
-            n = min(req.remaining, budget)
-            if not cache.grow(req, req.num_computed + n):
+            n = min(req.remaining, budget.allows(req))
+            if n <= 0 or not cache.grow(req, req.num_computed + n):
                 continue
             plan.append((req, n))
-            budget -= n
-        # 3. admit waiting requests in order; a LOADING one is passed over until its load is in
+            budget.take(req, n)
+        # 3. admit waiting requests in order; a LOADING one is passed over until its load is in, a
+        # cross-tenant one (engine/step_budget.py) once the step has no room left for it
         for req in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
+            if budget.total <= 0 or len(self.running) >= self.cfg.max_num_seqs:
                 break
-            if req.status is Status.LOADING:
+            if req.status is Status.LOADING or budget.allows(req) <= 0:
                 continue
             if req.radix_node is None and adm.prefetches:
                 if not adm.begin(req):
@@ -178,7 +184,7 @@ class Scheduler:
                 if req.status is Status.LOADING:
                     continue
             adm.admit(req)
-            n = min(req.remaining, budget)
+            n = min(req.remaining, budget.allows(req))
             if not cache.grow(req, req.num_computed + n):
                 break  # it keeps its prefix until pages free (or they are reclaimed below)
             self.waiting.remove(req)
@@ -186,7 +192,7 @@ class Scheduler:
             req.status = Status.RUNNING
             self.running.append(req)
             plan.append((req, n))
-            budget -= n
+            budget.take(req, n)
         if not plan:  # stuck waiting for pages
             if self._reclaim():
                 return plan  # a queued request gave its prefix back: the next step has its pages

@@ -1,0 +1,180 @@
+"""Another tenant's flood against a stream: the gap between a stream's tokens with the engine's
+bound on what other tenants' prompts may add to a stream's step (engine/step_budget.py) and without it.
+
+    python -m bench.tenant_flood --out F.json [--quick] [--reps 3] [--window-s 30] [--shares 0.5,0]
+
+Why: bench.soak's salt flood (32 clients of one tenant, each asking a 5-token completion of one
+token, again and again) held another tenant's stream at ~7x its ITL p99 (issue #22's target:
+1.5x). Each flood request is a prompt computed in some step of the stream's; the step's prompt
+budget (``max_prefill_tokens``, 128) let ~20 of them in at once, ~0.3-0.4 s a step on one thread.
+
+One ``kvengine serve`` of the bundled model per setting of ``--cross-tenant-step-share`` (0: no
+bound, the engine before it) with two API keys (tenants ``normal`` and ``flood``), on one thread as
+the soak's replicas; settings alternate in order over the reps. In each rep: a window of the normal
+client alone (streamed 32-token chat answers, one after another, in a process of its own so the
+flood's threads never share its interpreter), then a window with the flood. Figures per setting
+(median over reps, each rep's in ``runs``): ``itl_p99_ratio`` and ``itl_p50_ratio`` (under / alone),
+``flood_rps`` (the flood's completions a second) and ``flood_latency_p50_s`` / ``_p99_s`` (what the
+bound costs the flooding tenant), the normal client's ``ttft_p50_s`` under the flood.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.servers import EngineServer, exit_on_sigterm
+
+MODEL = "SmolLM2-135M-Instruct"
+KEYS = {"normal": "normal-client-key-0123456789", "flood": "flood-client-key-0123456789"}
+FLOOD_CONCURRENCY = 32
+ANSWER_TOKENS = 32
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def _normal_client(base: str, until: float, out: Any) -> None:
+    """Streamed chat answers one after another until ``until``: (gaps, ttfts) to ``out``."""
+    gaps: list[float] = []
+    ttfts: list[float] = []
+    i = 0
+    with httpx.Client(timeout=120) as h:
+        while time.monotonic() < until:
+            body = {"model": MODEL, "max_tokens": ANSWER_TOKENS, "temperature": 0, "stream": True, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": f"Tell me a short fact about the number {i % 9}."}]}
+            t0, last = time.monotonic(), None
+            with h.stream("POST", base + "/v1/chat/completions", json=body,
+                          headers={"Authorization": f"Bearer {KEYS['normal']}"}) as r:  # fmt: skip
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    choices = json.loads(line[6:]).get("choices") or [{}]
+                    if not choices[0].get("delta", {}).get("content"):
+                        continue
+                    t = time.monotonic()
+                    if last is None:
+                        ttfts.append(t - t0)
+                    else:
+                        gaps.append(t - last)
+                    last = t
+            i += 1
+    out.put((gaps, ttfts))
+
+
+def _flood(base: str, until: float) -> list[float]:
+    """FLOOD_CONCURRENCY clients of tenant ``flood``, each a 5-token completion of one token after another
+    until ``until``: each one's latency."""
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def worker(w: int) -> None:
+        with httpx.Client(timeout=120) as h:
+            i = w
+            while time.monotonic() < until:
+                t0 = time.monotonic()
+                r = h.post(base + "/v1/completions", headers={"Authorization": f"Bearer {KEYS['flood']}"},
+                           json={"model": MODEL, "prompt": f"Salt {i}.", "max_tokens": 1})  # fmt: skip
+                if r.status_code == 200:
+                    with lock:
+                        lat.append(time.monotonic() - t0)
+                i += FLOOD_CONCURRENCY
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(FLOOD_CONCURRENCY)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return lat
+
+
+def _window(base: str, window_s: float, flood: bool) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    until = time.monotonic() + window_s
+    p = ctx.Process(target=_normal_client, args=(base, until, q))
+    p.start()
+    lat = _flood(base, until) if flood else []
+    if not flood:
+        time.sleep(max(until - time.monotonic(), 0))
+    gaps, ttfts = q.get(timeout=window_s + 180)
+    p.join(60)
+    return {"gaps": gaps, "ttfts": ttfts, "flood_latencies": lat, "window_s": window_s}
+
+
+def run_setting(share: float, window_s: float, work: Path) -> dict[str, Any]:
+    keys = work / "keys.yaml"
+    keys.write_text("".join(f"{k}: {t}\n" for t, k in KEYS.items()))
+    with EngineServer("--threads", "1", "--api-keys", str(keys), "--cross-tenant-step-share", str(share),
+                      env={"OMP_NUM_THREADS": "1"}, log_path=work / f"engine_{share}.log") as e:  # fmt: skip
+        e.wait_ready()
+        _window(e.base, 5, False)  # warm: radix, the first answers' shapes
+        alone, under = _window(e.base, window_s, False), _window(e.base, window_s, True)
+    a, u = alone["gaps"], under["gaps"]
+    return {"share": share, "gaps_alone": len(a), "gaps_under": len(u),
+            "itl_p50_alone_s": _pct(a, 0.5), "itl_p99_alone_s": _pct(a, 0.99),
+            "itl_p50_under_s": _pct(u, 0.5), "itl_p99_under_s": _pct(u, 0.99),
+            "itl_p99_ratio": _pct(u, 0.99) / _pct(a, 0.99), "itl_p50_ratio": _pct(u, 0.5) / _pct(a, 0.5),
+            "ttft_p50_alone_s": _pct(alone["ttfts"], 0.5), "ttft_p50_s": _pct(under["ttfts"], 0.5),
+            "flood_rps": len(under["flood_latencies"]) / window_s,
+            "flood_latency_p50_s": _pct(under["flood_latencies"], 0.5),
+            "flood_latency_p99_s": _pct(under["flood_latencies"], 0.99)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.tenant_flood", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--window-s", type=float, default=30.0)
+    ap.add_argument("--shares", default="0.5,0", help="settings of --cross-tenant-step-share (0: no bound)")
+    ap.add_argument("--quick", action="store_true", help="2 reps of 15 s windows (for make bench)")
+    a = ap.parse_args(argv)
+    exit_on_sigterm()
+    reps, window_s = (2, 15.0) if a.quick else (a.reps, a.window_s)
+    shares = [float(x) for x in a.shares.split(",")]
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict[str, Any]]] = {str(b): [] for b in shares}
+    with tempfile.TemporaryDirectory(prefix="tenant_flood_") as tmp:
+        for rep in range(reps):
+            for b in shares if rep % 2 == 0 else shares[::-1]:
+                r = run_setting(b, window_s, Path(tmp))
+                runs[str(b)].append(r)
+                print(json.dumps(r), flush=True)
+    figures = ("itl_p99_ratio", "itl_p50_ratio", "itl_p99_alone_s", "itl_p99_under_s", "flood_rps",
+               "flood_latency_p50_s", "flood_latency_p99_s", "ttft_p50_alone_s", "ttft_p50_s")
+    doc: dict[str, Any] = {"reps": reps, "window_s": window_s, "threads": 1, "flood_concurrency": FLOOD_CONCURRENCY,
+                           "shares": shares, "runs": runs,
+                           "by_share": {b: {f: statistics.median(r[f] for r in rs) for f in figures}
+                                        for b, rs in runs.items()},
+                           "spread": {b: {f: [min(r[f] for r in rs), max(r[f] for r in rs)] for f in figures}
+                                      for b, rs in runs.items()},
+                           "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg())}  # fmt: skip
+    if "0.0" in doc["by_share"] and len(shares) > 1:
+        on = str(next(b for b in shares if b))  # the first bounded setting: the default's figures
+        doc["share"] = float(on)
+        doc["itl_p99_ratio"] = doc["by_share"][on]["itl_p99_ratio"]
+        doc["itl_p99_ratio_runs"] = [r["itl_p99_ratio"] for r in runs[on]]
+        doc["unbounded_itl_p99_ratio_runs"] = [r["itl_p99_ratio"] for r in runs["0.0"]]
+        doc["itl_p50_ratio"] = doc["by_share"][on]["itl_p50_ratio"]
+        doc["unbounded_itl_p99_ratio"] = doc["by_share"]["0.0"]["itl_p99_ratio"]
+        doc["flood_rps_kept"] = doc["by_share"][on]["flood_rps"] / doc["by_share"]["0.0"]["flood_rps"]
+    Path(a.out).write_text(json.dumps(doc, indent=1))
+    print(json.dumps({k: doc.get(k) for k in ("by_share", "itl_p99_ratio", "unbounded_itl_p99_ratio",
+                                              "flood_rps_kept")}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""The prompt tokens one step may take, and how many of them may slow another tenant's stream.
+
+A step feeds every decoding request one token, then prompt chunks up to ``max_prefill_tokens`` in
+all. On the CPU a prompt token rides almost free on a decode step's weights only while the step is
+small; past a few rows each one is compute (SmolLM2-135M on one thread: a decode step ~40 ms, each
+prompt token ~2.7 ms more), so a step full of someone else's prompts stretches every stream's gap
+between tokens: a flood of 5-token completions from one tenant (bench.soak's salt flood) held
+another tenant's stream at ~0.27 s per token, ~7x its gap alone (bench.tenant_flood).
+
+``cross_tenant_step_share`` bounds that in time: the prompt tokens of requests whose tenant differs
+from a tenant decoding in the step (*cross* prefills) may add at most that share of a decode-only
+step. ``StepCost`` learns both from the engine's own steps (a least-squares line of step seconds
+over prompt tokens, old steps fading), so the bound follows the machine: ~7 tokens on one CPU
+thread, more with more threads, the whole budget on a GPU, where a prompt token costs next to
+nothing. Until it has measured, ``page_size`` tokens.
+
+A tenant's own prompts are not bounded by its own streams (its trade-off to make, as with one
+tenant), and with one tenant (or none: no API keys) nothing changes. The cost is the bounded
+tenant's TTFT while another tenant decodes: its prompt is fed in chunks of the bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from engine.request import Request
+
+FADE = 0.98  # each step's weight in the fit, relative to the next one's: ~50 steps remembered
+MIN_STEPS = 8.0  # weight of steps before the fit is trusted
+MIN_SPREAD = 4.0  # tokens: the prompt sizes seen must differ by about this much to give a slope
+
+
+class StepCost:
+    """Step seconds ≈ ``base_s`` + ``token_s`` × prompt tokens, fitted over recent steps."""
+
+    def __init__(self) -> None:
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._last: tuple[float, float] | None = None  # the last fit the steps could tell apart
+
+    def observe(self, prompt_tokens: int, seconds: float) -> None:
+        for name in ("_w", "_x", "_y", "_xx", "_xy"):
+            setattr(self, name, getattr(self, name) * FADE)
+        x = float(prompt_tokens)
+        self._w += 1.0
+        self._x += x
+        self._y += seconds
+        self._xx += x * x
+        self._xy += x * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(base_s, token_s): of the recent steps, or of the last ones whose prompt sizes differed
+        enough to tell the two apart (a steady load of one size cannot); None before any."""
+        if self._w >= MIN_STEPS:
+            mx, my = self._x / self._w, self._y / self._w
+            var = self._xx / self._w - mx * mx
+            if var >= MIN_SPREAD * MIN_SPREAD:
+                slope = (self._xy / self._w - mx * my) / var
+                base = my - slope * mx
+                if slope > 0 and base > 0:
+                    self._last = (base, slope)
+        return self._last
+
+    def cross_tokens(self, share: float, fallback: int) -> int:
+        """Prompt tokens that add about ``share`` of a decode-only step (``fallback`` before a fit)."""
+        f = self.fit()
+        if f is None:
+            return fallback
+        base, slope = f
+        return max(1, math.floor(share * base / slope))
+
+
+class StepBudget:
+    """``total`` prompt tokens left in the step; of them at most ``cross`` for cross prefills (None:
+    no bound) — cross: the request's tenant differs from one of ``decoding`` (the tenants whose
+    requests decode in the step)."""
+
+    def __init__(self, total: int, cross: int | None, decoding: Iterable[str]) -> None:
+        self.total = max(total, 0)
+        self._tenants = frozenset(decoding)
+        self.cross_left = cross
+
+    def is_cross(self, req: Request) -> bool:
+        return self.cross_left is not None and bool(self._tenants - {req.tenant})
+
+    def allows(self, req: Request) -> int:
+        """Prompt tokens ``req`` may take now (0: none this step)."""
+        if self.is_cross(req):
+            return max(min(self.total, self.cross_left or 0), 0)
+        return self.total
+
+    def take(self, req: Request, n: int) -> None:
+        if self.is_cross(req):
+            self.cross_left = (self.cross_left or 0) - n
+        self.total -= n
