@@ -15,7 +15,8 @@ client alone (streamed 32-token chat answers, one after another, in a process of
 flood's threads never share its interpreter), then a window with the flood. Figures per setting
 (median over reps, each rep's in ``runs``): ``itl_p99_ratio`` and ``itl_p50_ratio`` (under / alone),
 ``flood_rps`` (the flood's completions a second) and ``flood_latency_p50_s`` / ``_p99_s`` (what the
-bound costs the flooding tenant), the normal client's ``ttft_p50_s`` under the flood.
+bound costs the flooding tenant), the normal client's ``ttft_p50_s`` under the flood; each run's
+``forms``: the engine's start-up choice of linear forms (engine/cpu_gemm.py), which sets its step.
 """
 
 from __future__ import annotations
@@ -122,8 +123,10 @@ def run_setting(share: float, window_s: float, work: Path) -> dict[str, Any]:
         e.wait_ready()
         _window(e.base, 5, False)  # warm: radix, the first answers' shapes
         alone, under = _window(e.base, window_s, False), _window(e.base, window_s, True)
+        forms = next((line.split("linear layers: ", 1)[1].strip() for line in e.log_tail(200_000).splitlines()
+                      if "linear layers: " in line), None)  # fmt: skip
     a, u = alone["gaps"], under["gaps"]
-    return {"share": share, "gaps_alone": len(a), "gaps_under": len(u),
+    return {"share": share, "forms": forms, "gaps_alone": len(a), "gaps_under": len(u),
             "itl_p50_alone_s": _pct(a, 0.5), "itl_p99_alone_s": _pct(a, 0.99),
             "itl_p50_under_s": _pct(u, 0.5), "itl_p99_under_s": _pct(u, 0.99),
             "itl_p99_ratio": _pct(u, 0.99) / _pct(a, 0.99), "itl_p50_ratio": _pct(u, 0.5) / _pct(a, 0.5),
