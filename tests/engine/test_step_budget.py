@@ -4,6 +4,9 @@ of one tenant, keep the whole ``max_prefill_tokens``."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from engine.config import EngineConfig
@@ -132,3 +135,9 @@ def test_the_engine_learns_its_steps_and_bounded_prompts_answer_as_unbounded_one
         e.radix.check_integrity()
         e.pool.allocator.check_integrity()
     assert got[0.5] == got[0.0]
+
+
+def test_the_share_is_checked() -> None:
+    for bad in (-0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="cross_tenant_step_share"):
+            EngineConfig(num_pages=8, cross_tenant_step_share=bad)
