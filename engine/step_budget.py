@@ -39,14 +39,12 @@ class StepCost:
         self._last: tuple[float, float] | None = None  # the last fit the steps could tell apart
 
     def observe(self, prompt_tokens: int, seconds: float) -> None:
-        for name in ("_w", "_x", "_y", "_xx", "_xy"):
-            setattr(self, name, getattr(self, name) * FADE)
         x = float(prompt_tokens)
-        self._w += 1.0
-        self._x += x
-        self._y += seconds
-        self._xx += x * x
-        self._xy += x * seconds
+        self._w = self._w * FADE + 1.0
+        self._x = self._x * FADE + x
+        self._y = self._y * FADE + seconds
+        self._xx = self._xx * FADE + x * x
+        self._xy = self._xy * FADE + x * seconds
 
     def fit(self) -> tuple[float, float] | None:
         """(base_s, token_s): of the recent steps, or of the last ones whose prompt sizes differed
