@@ -31,6 +31,8 @@ def test_sigterm_flushes_staged_offloads_and_exits_zero(tiny_model_dir: Path, tm
             # start-up's objects are frozen, out of the full collections' walk (engine/cli.py settle_heap)
             frozen = re.search(r"froze (\d+) start-up objects", log.read_text())
             assert frozen is not None and int(frozen.group(1)) > 10_000, log.read_text()[-2000:]
+            # HTTP in C where it can be: it holds the step loop's interpreter less (engine/cli.py http_stack)
+            assert "(uvloop, httptools)" in log.read_text(), log.read_text()[-2000:]
             d.proc.send_signal(signal.SIGSTOP)  # the daemon stalls: the write-through offload stays staged
             body = {"prompt": ids, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
             r = httpx.post(base + "/v1/completions", json=body, timeout=60)
