@@ -94,6 +94,11 @@ BENCHES: dict[str, list[Figure]] = {
     # other tenants' prompts add to a stream's step (engine/step_budget.py) and without it, same run
     "tenant_flood": [Figure("itl_p99_ratio", 1.5, "<="), Figure("itl_p50_ratio", None),
                      Figure("unbounded_itl_p99_ratio", None), Figure("flood_rps_kept", None)],
+    # #22: a flood of refused 16 MB bodies against a stream, the engine's HTTP in C (uvloop + httptools) and
+    # in pure Python (asyncio + h11), same run: the step loop shares its interpreter with the HTTP side
+    "http_stack": [Figure("c.itl_p99_ratio", 1.5, "<="), Figure("python.itl_p99_ratio", None),
+                   Figure("c.engine_cpu_us_per_refusal", None), Figure("python.engine_cpu_us_per_refusal", None),
+                   Figure("cpu_per_refusal_ratio", None)],
     # engines started together on one host: their start-up prefill fits against a lone engine's, with the
     # wait for quiet cores (connector/calibrate.py) and without it (bench/calibrate_together.py)
     "calibrate_together": [Figure("together.max_predict_ratio.median", None),

@@ -1,0 +1,176 @@
+"""A flood of refused requests against a stream, with the engine's HTTP in C (uvloop + httptools) and
+in pure Python (asyncio + h11), same run: what each refusal costs the step loop it shares an
+interpreter with.
+
+    python -m bench.http_stack --out F.json [--quick] [--reps 3] [--window-s 30]
+
+Why: bench.soak's ``dos.stop_strings`` and ``dos.prompt_16mib`` probes (16 MB bodies, each refused
+413 from its Content-Length before it is read) held another tenant's stream at 1.5-1.6x its ITL p99
+(issue #22's target: 1.5x). The engine spends next to nothing per refusal, yet a CPU burner using
+as much CPU as the attacker left the stream's p99 unchanged: what the stream pays is the step
+thread waiting for the interpreter lock while the HTTP side holds it. Less Python per request, less
+waiting.
+
+One ``kvengine serve`` of the bundled model per stack, on one thread as the soak's replicas; the
+stacks alternate in order over the reps. The Python stack is the engine as installed without
+uvloop and httptools: a directory whose ``uvloop`` and ``httptools`` fail to import is put first on
+its path, and engine/cli.py ``http_stack`` falls back (its log says which stack served). In each
+rep: a window of bench.tenant_flood's normal client alone (streamed 32-token chat answers, in a
+process of its own), then a window with the flood: ``ATTACKERS`` threads posting a 16 MB body of 16
+stop strings of 1,000,000 characters, one after another (the soak's ``stop_strings``).
+
+Figures per stack (median over reps, each rep's in ``runs``): ``itl_p99_ratio`` (under / alone),
+``itl_p50_ratio``, ``refusals_per_s`` (the flood's, against the stream), ``engine_cpu_us_per_refusal``
+(the engine's CPU seconds over the refusals of half a window of the flood against the engine alone,
+before the stream's windows: while a stream decodes, its step thread takes a whole core either way,
+so only an idle engine shows what the refusals cost), and ``served_on`` (the stack, from the
+engine's log). Headline: ``c.itl_p99_ratio``, ``python.itl_p99_ratio`` and ``cpu_per_refusal_ratio``
+(Python's CPU per refusal over C's).
+
+On this 2-core machine the attackers' own CPU (~0.8 of a core) is taken from the same cores as the
+engine's, and the faster stack gets more refusals a second from the same attackers, so the ITL
+ratios compare two stacks under one attacker, not one load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.servers import EngineServer, exit_on_sigterm
+from bench.tenant_flood import KEYS, MODEL, _normal_client, _pct
+
+ATTACKERS = 2
+STACKS = ("c", "python")
+BODY = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 4, "stop": ["x" * 1_000_000] * 16}).encode()
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _no_c_http(work: Path) -> Path:
+    """A directory whose ``uvloop`` and ``httptools`` fail to import, as if not installed."""
+    d = work / "no_c_http"
+    for name in ("uvloop", "httptools"):
+        (d / name).mkdir(parents=True, exist_ok=True)
+        (d / name / "__init__.py").write_text(f"raise ImportError('{name}: left out by bench.http_stack')\n")
+    return d
+
+
+def _refusals(base: str, until: float) -> dict[str, int]:
+    codes: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with httpx.Client(timeout=60) as h:
+            while time.monotonic() < until:
+                try:
+                    k = str(h.post(base + "/v1/completions", content=BODY,
+                                   headers={"Authorization": f"Bearer {KEYS['flood']}",
+                                            "Content-Type": "application/json"}).status_code)  # fmt: skip
+                except httpx.HTTPError as e:
+                    k = type(e).__name__
+                with lock:
+                    codes[k] = codes.get(k, 0) + 1
+
+    threads = [threading.Thread(target=worker) for _ in range(ATTACKERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
+def _idle_cost(base: str, pid: int, window_s: float) -> dict[str, Any]:
+    """The flood against the engine with nothing else to do: its CPU per refusal."""
+    c0 = _cpu_s(pid)
+    codes = _refusals(base, time.monotonic() + window_s)
+    cpu = _cpu_s(pid) - c0
+    return {"codes": codes, "cpu_s": cpu, "us_per_refusal": 1e6 * cpu / max(codes.get("413", 0), 1)}
+
+
+def _window(base: str, pid: int, window_s: float, flood: bool) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    until = time.monotonic() + window_s
+    p = ctx.Process(target=_normal_client, args=(base, until, q))
+    c0 = _cpu_s(pid)
+    p.start()
+    codes = _refusals(base, until) if flood else {}
+    if not flood:
+        time.sleep(max(until - time.monotonic(), 0))
+    cpu = _cpu_s(pid) - c0
+    gaps, _ = q.get(timeout=window_s + 180)
+    p.join(60)
+    return {"gaps": gaps, "codes": codes, "cpu_s": cpu}
+
+
+def run_stack(stack: str, window_s: float, work: Path) -> dict[str, Any]:
+    keys = work / "keys.yaml"
+    keys.write_text("".join(f"{k}: {t}\n" for t, k in KEYS.items()))
+    env = {"OMP_NUM_THREADS": "1"}
+    if stack == "python":
+        env["PYTHONPATH"] = os.pathsep.join([str(_no_c_http(work)), os.environ.get("PYTHONPATH", "")])
+    with EngineServer("--threads", "1", "--api-keys", str(keys), env=env, log_path=work / f"engine_{stack}.log") as e:
+        e.wait_ready()
+        idle = _idle_cost(e.base, e.proc.pid, window_s / 2)
+        _window(e.base, e.proc.pid, 5, False)  # warm: radix, the first answers' shapes
+        alone = _window(e.base, e.proc.pid, window_s, False)
+        under = _window(e.base, e.proc.pid, window_s, True)
+        served = next((line.split("/v1 (", 1)[1].rstrip(")") for line in e.log_tail(200_000).splitlines()
+                       if "serving " in line and "/v1 (" in line), None)  # fmt: skip
+    a, u, refused = alone["gaps"], under["gaps"], under["codes"].get("413", 0)
+    return {"stack": stack, "served_on": served, "gaps_alone": len(a), "gaps_under": len(u),
+            "itl_p99_alone_s": _pct(a, 0.99), "itl_p99_under_s": _pct(u, 0.99),
+            "itl_p99_ratio": _pct(u, 0.99) / _pct(a, 0.99), "itl_p50_ratio": _pct(u, 0.5) / _pct(a, 0.5),
+            "answers": under["codes"], "refusals_per_s": refused / window_s,
+            "engine_cpu_alone_s": alone["cpu_s"], "engine_cpu_under_s": under["cpu_s"],
+            "idle_refusals_per_s": idle["codes"].get("413", 0) / (window_s / 2),
+            "engine_cpu_us_per_refusal": idle["us_per_refusal"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.http_stack", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--window-s", type=float, default=30.0)
+    ap.add_argument("--quick", action="store_true", help="2 reps of 15 s windows (for make bench)")
+    a = ap.parse_args(argv)
+    exit_on_sigterm()
+    reps, window_s = (2, 15.0) if a.quick else (a.reps, a.window_s)
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in STACKS}
+    with tempfile.TemporaryDirectory(prefix="http_stack_") as tmp:
+        for rep in range(reps):
+            for s in STACKS if rep % 2 == 0 else STACKS[::-1]:
+                r = run_stack(s, window_s, Path(tmp))
+                runs[s].append(r)
+                print(json.dumps(r), flush=True)
+    figures = ("itl_p99_ratio", "itl_p50_ratio", "itl_p99_alone_s", "itl_p99_under_s", "refusals_per_s",
+               "idle_refusals_per_s", "engine_cpu_us_per_refusal")
+    doc: dict[str, Any] = {"reps": reps, "window_s": window_s, "threads": 1, "attackers": ATTACKERS,
+                           "body_bytes": len(BODY), "runs": runs,
+                           **{s: {f: statistics.median(r[f] for r in rs) for f in figures} for s, rs in runs.items()},
+                           "spread": {s: {f: [min(r[f] for r in rs), max(r[f] for r in rs)] for f in figures}
+                                      for s, rs in runs.items()},
+                           "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg())}  # fmt: skip
+    doc["cpu_per_refusal_ratio"] = doc["python"]["engine_cpu_us_per_refusal"] / max(doc["c"]["engine_cpu_us_per_refusal"], 1e-9)
+    Path(a.out).write_text(json.dumps(doc, indent=1))
+    print(json.dumps({k: doc[k] for k in ("c", "python", "cpu_per_refusal_ratio")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
