@@ -7,10 +7,12 @@ Every step the scheduler hands the engine a list of (request, n_tokens) to feed:
   1. every running request that is decoding feeds its one token (pages permitting; when
      the pool is full it evicts radix leaves, then takes back the prefix a queued request
      holds, then preempts the newest running request);
-  2. running requests still in prefill take chunks from the step's token budget (of which another
-     tenant's streams bound what a tenant's prompts may take: engine/step_budget.py);
-  3. waiting requests are admitted first-come-first-served while budget and seats remain,
-     skipping those still LOADING: each brings the prefix it holds (radix match, then what the
+  2. running requests still in prefill take chunks from the step's token budget, in the same fair
+     order (of which another tenant's streams, and the step's first prompt, bound what a tenant's
+     prompts may take: engine/step_budget.py);
+  3. waiting requests are admitted in a fair order (``fair``: first come first served within a
+     tenant, and the tenant with the fewest requests in the engine first) while budget and seats
+     remain, skipping those still LOADING: each brings the prefix it holds (radix match, then what the
      loading hooks fetched), then each plain admission hook in order proposes what it can add
      and ``apply_extension`` applies it; the rest is prefilled in chunks.
 A request's prefix is matched as soon as it is queued, and the loading hooks (the KV connector,
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterable
 
 from engine.admission import Admitter
 from engine.cache_manager import CacheManager
@@ -41,6 +44,17 @@ from engine.request import Request, Status
 from engine.step_budget import StepBudget, StepCost
 
 log = logging.getLogger(__name__)
+
+
+def fair(reqs: Iterable[Request], in_engine: Iterable[Request]) -> list[Request]:
+    """``reqs`` with the tenants that have the fewest requests in ``in_engine`` (running and queued)
+    first, each tenant's in arrival order. One tenant (or none: no API keys): ``reqs`` as they are.
+    A tenant's one request is not queued behind another tenant's flood of them."""
+    reqs = list(reqs)
+    if len({r.tenant for r in reqs}) < 2:
+        return reqs
+    demand = Counter(r.tenant for r in in_engine)
+    return sorted(reqs, key=lambda r: (demand[r.tenant], r.arrival))
 
 
 class Scheduler:
@@ -91,7 +105,7 @@ class Scheduler:
         """(tokens to feed, tokens cached) of the prefill work ahead of ``req``: running prefills and
         the queued requests before it that are not loading (a loading one's share is not known yet)."""
         ahead = [(r.remaining, r.num_computed) for r in self.running if r.remaining > 1]
-        for r in self.waiting:
+        for r in fair(self.waiting, [*self.running, *self.waiting]):
             if r is req:
                 break
             if r.status is Status.WAITING:
@@ -161,9 +175,13 @@ class Scheduler:
                 plan.append((req, 1))
         share = self.cfg.cross_tenant_step_share
         cross = self.step_cost.cross_tokens(share, self.cfg.page_size) if share > 0 else None
-        budget = StepBudget(budget - len(plan), cross, (r.tenant for r, _ in plan))
-        # 2. running prefills continue
-        for req in sorted((r for r in self.running if r.remaining > 1), key=lambda r: r.arrival):
+        in_engine = [*self.running, *self.waiting]
+        prefills = fair(sorted((r for r in self.running if r.remaining > 1), key=lambda r: r.arrival), in_engine)
+        # the tenant first in the fair order of the step's prompts is protected as the decoding ones are
+        head = fair([*prefills, *(r for r in self.waiting if r.status is Status.WAITING)], in_engine)[:1]
+        budget = StepBudget(budget - len(plan), cross, [*(r.tenant for r, _ in plan), *(r.tenant for r in head)])
+        # 2. running prefills continue, in the fair order
+        for req in prefills:
             if budget.total <= 0:
                 break
             n = min(req.remaining, budget.allows(req))
@@ -171,9 +189,9 @@ class Scheduler:
                 continue
             plan.append((req, n))
             budget.take(req, n)
-        # 3. admit waiting requests in order; a LOADING one is passed over until its load is in, a
-        # cross-tenant one (engine/step_budget.py) once the step has no room left for it
-        for req in list(self.waiting):
+        # 3. admit waiting requests in the fair order; a LOADING one is passed over until its load is
+        # in, a cross-tenant one (engine/step_budget.py) once the step has no room left for it
+        for req in fair(self.waiting, in_engine):
             if budget.total <= 0 or len(self.running) >= self.cfg.max_num_seqs:
                 break
             if req.status is Status.LOADING or budget.allows(req) <= 0:

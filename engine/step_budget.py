@@ -17,6 +17,13 @@ nothing. Until it has measured, ``page_size`` tokens.
 A tenant's own prompts are not bounded by its own streams (its trade-off to make, as with one
 tenant), and with one tenant (or none: no API keys) nothing changes. The cost is the bounded
 tenant's TTFT while another tenant decodes: its prompt is fed in chunks of the bound.
+
+A prompt protects its tenant too. The scheduler feeds prompts in a fair order (the tenant with the
+fewest requests in the engine first: engine/scheduler.py ``fair``), and the tenant first in that
+order is protected in the step as a decoding one is: the other tenants' prompts in the step,
+running prefills among them, are cross. Before, a tenant's one new request waited behind another
+tenant's queue of 32 and then shared a step with ~20 of its prompts: its TTFT was 0.70 s against
+0.06 s alone (bench.tenant_flood).
 """
 
 from __future__ import annotations
@@ -70,12 +77,13 @@ class StepCost:
 
 class StepBudget:
     """``total`` prompt tokens left in the step; of them at most ``cross`` for cross prefills (None:
-    no bound) — cross: the request's tenant differs from one of ``decoding`` (the tenants whose
-    requests decode in the step)."""
+    no bound) — cross: the request's tenant differs from one of ``protected``, the step's tenants
+    whose time it bounds (the scheduler's: those decoding in the step, and the tenant first in its
+    fair order of prompts)."""
 
-    def __init__(self, total: int, cross: int | None, decoding: Iterable[str]) -> None:
+    def __init__(self, total: int, cross: int | None, protected: Iterable[str]) -> None:
         self.total = max(total, 0)
-        self._tenants = frozenset(decoding)
+        self._tenants = frozenset(protected)
         self.cross_left = cross
 
     def is_cross(self, req: Request) -> bool:

@@ -1,6 +1,8 @@
 """Another tenant's prompts add at most ``cross_tenant_step_share`` of a decode-only step to a step
-in which a tenant's requests decode (engine/step_budget.py); a tenant's own prompts, and an engine
-of one tenant, keep the whole ``max_prefill_tokens``."""
+in which a tenant's requests decode, or whose first prompt is the tenant's (engine/step_budget.py);
+a tenant's own prompts, and an engine of one tenant, keep the whole ``max_prefill_tokens``. Prompts
+are fed in a fair order: a tenant's one request does not queue behind another tenant's many
+(engine/scheduler.py ``fair``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.request import Request
 from engine.sampling import SamplingParams
+from engine.scheduler import fair
 from engine.step_budget import StepBudget, StepCost
 from engine.tenancy import scoped_salt
 
@@ -37,6 +40,15 @@ def test_budget_bounds_only_prompts_of_other_tenants_than_the_decoding_ones() ->
     assert b.allows(bob) == 3 and b.allows(alice) == 5  # the whole budget bounds both
     b.take(bob, 3)
     assert b.allows(bob) == 0
+
+
+def test_fair_order_puts_a_tenant_with_fewer_requests_first_and_leaves_one_tenant_alone() -> None:
+    floods = [_req("flood") for _ in range(5)]
+    normal = _req("normal")
+    assert fair([*floods, normal], [*floods, normal]) == [normal, *floods]  # each tenant in arrival order
+    assert fair([floods[3], floods[1]], floods) == [floods[3], floods[1]]  # one tenant: as given
+    late = _req("late")
+    assert fair([*floods[:2], late], [*floods, late]) == [late, *floods[:2]]
 
 
 def test_no_decodes_no_bound_and_none_means_off() -> None:
@@ -96,6 +108,39 @@ def test_another_tenants_flood_takes_at_most_its_share_of_a_streams_step(tiny) -
     assert _flood_step(_engine(tiny, 0.5)) == {"alice": 1, "bob": 4}
     assert _flood_step(_engine(tiny, 1.0)) == {"alice": 1, "bob": 8}
     assert _flood_step(_engine(tiny, 0.0)) == {"alice": 1, "bob": 63}  # unbounded: the whole budget
+
+
+def test_a_tenants_one_request_goes_before_another_tenants_queue_and_bounds_it(tiny) -> None:
+    """No one decodes; bob queued six 20-token prompts before alice's one. Without the fair order
+    bob's took the step (alice's TTFT: behind his queue, then in a step of his prompts); without the
+    first prompt's protection bob's filled the rest of her step."""
+    got = {}
+    for share in (0.5, 0.0):
+        e = _engine(tiny, share)
+        _teach(e.scheduler.step_cost)
+        for i in range(6):
+            e.add_request(_prompt(20, seed=10 + i), SamplingParams(max_tokens=1, ignore_eos=True),
+                          cache_salt=scoped_salt("bob", None))  # fmt: skip
+        e.add_request(_prompt(20, seed=1), SamplingParams(max_tokens=8, ignore_eos=True), cache_salt=scoped_salt("alice", None))
+        plan = e.scheduler.schedule()
+        assert plan[0][0].tenant == "alice"
+        got[share] = {t: sum(n for r, n in plan if r.tenant == t) for t in ("alice", "bob")}
+    assert got == {0.5: {"alice": 20, "bob": 4}, 0.0: {"alice": 20, "bob": 44}}
+
+
+def test_another_tenants_running_prefill_is_bounded_when_a_tenant_with_fewer_requests_waits(tiny) -> None:
+    """bob's 100-token prompt is half fed (a running prefill) and three more of his wait when alice's
+    one arrives: his running prefill, fed before any admission, must not take alice's step."""
+    e = _engine(tiny, 0.5)
+    e.add_request(_prompt(100, seed=2), SamplingParams(max_tokens=1, ignore_eos=True), cache_salt=scoped_salt("bob", None))
+    e.step()  # 64 of his 100 tokens
+    _teach(e.scheduler.step_cost)
+    for i in range(3):
+        e.add_request(_prompt(20, seed=10 + i), SamplingParams(max_tokens=1, ignore_eos=True),
+                      cache_salt=scoped_salt("bob", None))  # fmt: skip
+    e.add_request(_prompt(20, seed=1), SamplingParams(max_tokens=8, ignore_eos=True), cache_salt=scoped_salt("alice", None))
+    plan = e.scheduler.schedule()
+    assert {t: sum(n for r, n in plan if r.tenant == t) for t in ("alice", "bob")} == {"alice": 20, "bob": 4}
 
 
 def test_a_tenants_own_prompts_and_a_one_tenant_engine_keep_the_whole_budget(tiny) -> None:
