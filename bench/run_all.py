@@ -92,8 +92,10 @@ BENCHES: dict[str, list[Figure]] = {
                    Figure("native_speedup.2.16", None), Figure("native_speedup.2.decode", None)],
     # #22: another tenant's flood of 5-token completions against a stream, with the engine's bound on what
     # other tenants' prompts add to a stream's step (engine/step_budget.py) and without it, same run
-    "tenant_flood": [Figure("itl_p99_ratio", 1.5, "<="), Figure("itl_p50_ratio", None),
-                     Figure("unbounded_itl_p99_ratio", None), Figure("flood_rps_kept", None)],
+    "tenant_flood": [Figure("itl_p99_ratio", 1.5, "<="), Figure("itl_p99_ratio_pooled", None),
+                     Figure("itl_p50_ratio", None), Figure("unbounded_itl_p99_ratio", None),
+                     Figure("flood_rps_kept", None), Figure("ttft_p50_s", None), Figure("ttft_p50_alone_s", None),
+                     Figure("unbounded_ttft_p50_s", None)],
     # #22: a flood of refused 16 MB bodies against a stream, the engine's HTTP in C (uvloop + httptools) and
     # in pure Python (asyncio + h11), same run: the step loop shares its interpreter with the HTTP side
     "http_stack": [Figure("c.itl_p99_ratio", 1.5, "<="), Figure("python.itl_p99_ratio", None),
