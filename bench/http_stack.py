@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import tempfile
@@ -48,7 +47,7 @@ from typing import Any
 import httpx
 
 from bench.servers import EngineServer, exit_on_sigterm
-from bench.tenant_flood import KEYS, MODEL, _normal_client, _pct
+from bench.tenant_flood import KEYS, MODEL, _pct, idle_until, stream_window
 
 ATTACKERS = 2
 STACKS = ("c", "python")
@@ -102,18 +101,14 @@ def _idle_cost(base: str, pid: int, window_s: float) -> dict[str, Any]:
 
 
 def _window(base: str, pid: int, window_s: float, flood: bool) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    until = time.monotonic() + window_s
-    p = ctx.Process(target=_normal_client, args=(base, until, q))
-    c0 = _cpu_s(pid)
-    p.start()
-    codes = _refusals(base, until) if flood else {}
-    if not flood:
-        time.sleep(max(until - time.monotonic(), 0))
-    cpu = _cpu_s(pid) - c0
-    gaps, _ = q.get(timeout=window_s + 180)
-    p.join(60)
+    def meanwhile(until: float) -> tuple[dict[str, int], float]:
+        c0 = _cpu_s(pid)
+        codes = _refusals(base, until) if flood else {}
+        if not flood:
+            idle_until(until)
+        return codes, _cpu_s(pid) - c0
+
+    gaps, _, (codes, cpu) = stream_window(base, window_s, meanwhile)
     return {"gaps": gaps, "codes": codes, "cpu_s": cpu}
 
 

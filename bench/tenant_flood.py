@@ -34,8 +34,9 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -45,6 +46,7 @@ MODEL = "SmolLM2-135M-Instruct"
 KEYS = {"normal": "normal-client-key-0123456789", "flood": "flood-client-key-0123456789"}
 FLOOD_CONCURRENCY = 32
 ANSWER_TOKENS = 32
+T = TypeVar("T")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -106,18 +108,28 @@ def _flood(base: str, until: float) -> list[float]:
     return lat
 
 
-def _window(base: str, window_s: float, flood: bool) -> dict[str, Any]:
+def stream_window(base: str, window_s: float, meanwhile: Callable[[float], T]) -> tuple[list[float], list[float], T]:
+    """The normal client (in a process of its own, so the attackers' threads never share its
+    interpreter) for ``window_s``, and ``meanwhile(until)`` in this process: (its gaps, its TTFTs,
+    what ``meanwhile`` returned). bench.http_stack's windows too."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     until = time.monotonic() + window_s
     p = ctx.Process(target=_normal_client, args=(base, until, q))
     p.start()
-    lat = _flood(base, until) if flood else []
-    if not flood:
-        time.sleep(max(until - time.monotonic(), 0))
+    got = meanwhile(until)
     gaps, ttfts = q.get(timeout=window_s + 180)
     p.join(60)
-    return {"gaps": gaps, "ttfts": ttfts, "flood_latencies": lat, "window_s": window_s}
+    return gaps, ttfts, got
+
+
+def idle_until(until: float) -> None:
+    time.sleep(max(until - time.monotonic(), 0))
+
+
+def _window(base: str, window_s: float, flood: bool) -> dict[str, Any]:
+    gaps, ttfts, lat = stream_window(base, window_s, lambda until: _flood(base, until) if flood else idle_until(until))
+    return {"gaps": gaps, "ttfts": ttfts, "flood_latencies": lat or [], "window_s": window_s}
 
 
 def run_setting(share: float, window_s: float, work: Path) -> dict[str, Any]:
