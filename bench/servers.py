@@ -24,6 +24,7 @@ so each server is a context manager around a subprocess in its own temporary dir
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -364,19 +365,32 @@ def prepare_bucket(endpoint: S3Endpoint, bucket: str, timeout_s: float = 60.0) -
     """Create ``bucket`` and write one object with patient timeouts.
 
     SeaweedFS grows volumes on the first write to a bucket, which takes seconds on a loaded
-    machine; doing it here keeps that out of fail-fast tier timeouts and out of measurements.
+    machine; doing it here keeps that out of fail-fast tier timeouts and out of measurements. While
+    it grows them it may answer the write 500 InternalError ("please try again"; botocore's own 2
+    retries were not enough once, in a full `make test` on 2 cores): the write is tried again until
+    ``timeout_s`` has passed.
     """
     import boto3
     import botocore.config
+    from botocore.exceptions import ClientError
 
     client = boto3.session.Session().client(
         "s3", endpoint_url=endpoint.url, aws_access_key_id=endpoint.access_key,
         aws_secret_access_key=endpoint.secret_key, region_name=endpoint.region,
         config=botocore.config.Config(connect_timeout=5, read_timeout=timeout_s))
+    deadline = time.monotonic() + timeout_s
     try:
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=bucket)
-        client.put_object(Bucket=bucket, Key="tierkv-warmup", Body=b"x" * 4096)
+        for attempt in itertools.count():
+            try:
+                client.put_object(Bucket=bucket, Key="tierkv-warmup", Body=b"x" * 4096)
+                break
+            except ClientError as e:
+                transient = e.response.get("Error", {}).get("Code") in ("InternalError", "ServiceUnavailable", "SlowDown")
+                if not transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(min(0.25 * 2**attempt, 4.0))
         client.delete_object(Bucket=bucket, Key="tierkv-warmup")
     finally:
         client.close()
