@@ -308,7 +308,10 @@ class SeaweedS3(_Pausable):
                 "-master.volumeSizeLimitMB=1024", "-master.telemetry=false",
                 "-master.electionTimeout=1s", "-master.heartbeatInterval=200ms",  # a restart elects itself at once
                 f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
-                "-volume.max=0", "-volume.preStopSeconds=0",
+                # volume slots fixed, not from free disk (0: free space / the size limit): with ~9 GB
+                # free a second bucket found no slot to grow into and every write to it was 500
+                # InternalError (volumes are sparse files: a slot costs no disk until written)
+                "-volume.max=64", "-volume.preStopSeconds=0",
                 "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
                 "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={cfg}",
                 "-s3.port.iceberg=0", "-s3.port.lance=0"]
@@ -366,9 +369,9 @@ def prepare_bucket(endpoint: S3Endpoint, bucket: str, timeout_s: float = 60.0) -
 
     SeaweedFS grows volumes on the first write to a bucket, which takes seconds on a loaded
     machine; doing it here keeps that out of fail-fast tier timeouts and out of measurements. While
-    it grows them it may answer the write 500 InternalError ("please try again"; botocore's own 2
-    retries were not enough once, in a full `make test` on 2 cores): the write is tried again until
-    ``timeout_s`` has passed.
+    it grows them it may answer the write 500 InternalError ("please try again"): the write is tried
+    again until ``timeout_s`` has passed. (A bucket with no volume slot left answers that for good:
+    ``SeaweedS3`` fixes the slots rather than deriving them from free disk.)
     """
     import boto3
     import botocore.config
