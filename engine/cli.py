@@ -208,6 +208,13 @@ def _check(a: argparse.Namespace, cfg: EngineConfig) -> int:
     return 0
 
 
+def _compute_threads(engine: object) -> int:
+    """The threads an engine keeps busy: torch's intra-op threads on CPU, the step thread on CUDA."""
+    import torch
+
+    return 1 if engine.device.type == "cuda" else torch.get_num_threads()  # type: ignore[attr-defined]
+
+
 def _note_signal(signum: int, _frame: object) -> None:
     log.info("%s: shutting down", signal.Signals(signum).name)
 
@@ -245,7 +252,9 @@ def http_stack() -> tuple[str, str]:
 def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
     import uvicorn
 
+    from engine import limits
     from engine.async_engine import AsyncEngine
+    from engine.gate import GateProcess, available_cpus, wanted
     from engine.server import create_app
     from engine.tenancy import ApiKeys
 
@@ -265,12 +274,28 @@ def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
         log.info("metrics on http://%s:%d/metrics", m_host, m_port)
     settle_heap()
     loop, http = http_stack()
+    where: dict[str, object] = {"host": host, "port": port}
+    gate = None
+    cpus, threads = available_cpus(), _compute_threads(engine)
+    if wanted(a.gate, cpus, threads):  # the API's port is the gate's; the engine serves on a unix socket behind it
+        gate = GateProcess(host, port, limits.body_bytes_limit(cfg, engine.max_model_len), cfg.api_keys_file)
+        gate.start()
+        port, where = gate.port, {"uds": gate.socket}
+        assert gate.proc is not None
+        log.info("gate (pid %d) on %s:%d: refuses oversized bodies and unknown keys in a process of its own",
+                 gate.proc.pid, host, port)
+    else:
+        log.info("no gate in front of the API (--gate %s; %d CPUs, %d compute threads)", a.gate, cpus, threads)
     log.info("serving %s on http://%s:%d/v1 (%s, %s)", name, host, port, loop, http)
     # uvicorn stops serving on SIGTERM/SIGINT, then re-raises the signal under the handler it found:
     # with ours in place that returns here (the default handler would kill us before the flush)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _note_signal)
-    uvicorn.run(app, host=host, port=port, log_level="warning", loop=loop, http=http)
+    try:
+        uvicorn.run(app, log_level="warning", loop=loop, http=http, **where)  # type: ignore[arg-type]
+    finally:
+        if gate is not None:
+            gate.stop()
     log.info("shutting down: no new requests; flushing offloads (grace %.0fs)", a.shutdown_grace_s)
     aengine.shutdown()
     engine.close_plugins(a.shutdown_grace_s)
@@ -324,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=_field_help("YAML mapping API key -> tenant: /v1/* then need 'Authorization: Bearer KEY' "
                                     "(401 without), and a request's KV namespace is its key's tenant "
                                     "(engine/tenancy.py)", "api_keys_file"))
+    s.add_argument("--gate", choices=("auto", "on", "off"), default="auto",
+                   help="a process of its own in front of the API that refuses oversized bodies and unknown "
+                        "keys without the engine (engine/gate.py); auto: on where the engine has 2 CPUs beyond "
+                        "its compute threads (default: %(default)s)")
     s.add_argument("--shutdown-grace-s", type=float, default=30.0,
                    help="on SIGTERM, wait this long for staged KV offloads to reach the daemon (default: %(default)s)")
     g = sub.add_parser("generate", help="one-off generation")

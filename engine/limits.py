@@ -64,6 +64,13 @@ def check_salt(cfg: EngineConfig, salt: str | None) -> None:
         raise too_long
 
 
+def too_large(max_body: int, size: int | None = None) -> str:
+    """The one message of a 413, whether the body declared its length or was cut off reading it (the
+    engine's server and its gate, engine/gate.py, say the same)."""
+    has = f"has {size} bytes" if size is not None else "is longer than that (chunked)"
+    return f"Content Too Large: at most {max_body} bytes of body are accepted, the body {has}"
+
+
 def body_bytes_limit(cfg: EngineConfig, max_model_len: int) -> int:
     return cfg.max_body_bytes or min(MAX_BODY_BYTES, max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_model_len))
 

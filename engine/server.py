@@ -40,6 +40,7 @@ from engine import limits
 from engine.async_engine import AsyncEngine
 from engine.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from engine.hooks import DocumentPrompts
+from engine.limits import too_large
 from engine.prompts import PromptBuilder
 from engine.protocol import ChatRequest, CompletionRequest
 from engine.request import HookState, RequestOutput
@@ -56,12 +57,6 @@ TOKENIZER_THREADS = 2  # prompts tokenised at once, off the event loop
 RETRY_AFTER = {"Retry-After": "1"}  # on a 429 or 503: seconds
 LIMITED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})  # the requests counted in flight
 T = TypeVar("T")
-
-
-def too_large(max_body: int, size: int | None = None) -> str:
-    """The one message of a 413, whether the body declared its length or was cut off reading it."""
-    has = f"has {size} bytes" if size is not None else "is longer than that (chunked)"
-    return f"Content Too Large: at most {max_body} bytes of body are accepted, the body {has}"
 
 
 def _error(status: int, message: str, etype: str = "invalid_request_error", param: str | None = None,

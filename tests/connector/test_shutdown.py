@@ -23,7 +23,7 @@ def test_sigterm_flushes_staged_offloads_and_exits_zero(tiny_model_dir: Path, tm
                "TIERKV_CONNECTOR_PROBE": "0"}
         log = tmp_path / "engine.log"
         server = EngineServer("--model", str(tiny_model_dir), "--kvstore", d.address, "--num-pages", "128",
-                              "--threads", "1", "--shutdown-grace-s", "120", env=env, log_path=log)
+                              "--threads", "1", "--shutdown-grace-s", "120", "--gate", "on", env=env, log_path=log)
         proc, base = server.proc, server.base
         assert d.proc is not None
         try:
@@ -33,6 +33,10 @@ def test_sigterm_flushes_staged_offloads_and_exits_zero(tiny_model_dir: Path, tm
             assert frozen is not None and int(frozen.group(1)) > 10_000, log.read_text()[-2000:]
             # HTTP in C where it can be: it holds the step loop's interpreter less (engine/cli.py http_stack)
             assert "(uvloop, httptools)" in log.read_text(), log.read_text()[-2000:]
+            # the gate in front (engine/gate.py): refusals answered in a process of its own
+            gate_pid = re.search(r"gate \(pid (\d+)\)", log.read_text())
+            assert gate_pid is not None, log.read_text()[-2000:]
+            assert httpx.post(base + "/v1/completions", content=b"x" * (2 << 20), timeout=10).status_code == 413
             d.proc.send_signal(signal.SIGSTOP)  # the daemon stalls: the write-through offload stays staged
             body = {"prompt": ids, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
             r = httpx.post(base + "/v1/completions", json=body, timeout=60)
@@ -47,6 +51,7 @@ def test_sigterm_flushes_staged_offloads_and_exits_zero(tiny_model_dir: Path, tm
             assert proc.poll() is None  # still waiting for the stalled daemon
             d.proc.send_signal(signal.SIGCONT)
             assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+            assert not Path(f"/proc/{gate_pid.group(1)}").exists()  # the gate went with it
             with connect(d) as c:
                 assert c.stats().tiers[0].blocks == 18  # every staged page reached the daemon
         finally:
