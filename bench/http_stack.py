@@ -139,7 +139,7 @@ def run_stack(stack: str, window_s: float, work: Path, pin: bool = False) -> dic
     env = {"OMP_NUM_THREADS": "1"}
     if stack == "python":
         env["PYTHONPATH"] = os.pathsep.join([str(_no_c_http(work)), os.environ.get("PYTHONPATH", "")])
-    flags = () if stack == "gate" else ("--no-gate",)
+    flags = ("--gate", "on" if stack == "gate" else "off")
     with EngineServer("--threads", "1", "--api-keys", str(keys), *flags, env=env,
                       log_path=work / f"engine_{stack}.log") as e:
         e.wait_ready()
