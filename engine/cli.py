@@ -254,7 +254,8 @@ def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
 
     from engine import limits
     from engine.async_engine import AsyncEngine
-    from engine.gate import GateProcess, available_cpus, wanted
+    from engine.gate import GateProcess, available_cpus, listening_socket, wanted
+    from engine.http_protocol import refusing_protocol
     from engine.server import create_app
     from engine.tenancy import ApiKeys
 
@@ -274,14 +275,25 @@ def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
         log.info("metrics on http://%s:%d/metrics", m_host, m_port)
     settle_heap()
     loop, http = http_stack()
-    where: dict[str, object] = {"host": host, "port": port}
-    gate = None
+    body_bound = limits.body_bytes_limit(cfg, engine.max_model_len)
+    gate, sock = None, None
     cpus, threads = available_cpus(), _compute_threads(engine)
-    if wanted(a.gate, cpus, threads):  # the API's port is the gate's; the engine serves on a unix socket behind it
-        gate = GateProcess(host, port, limits.body_bytes_limit(cfg, engine.max_model_len), cfg.api_keys_file)
-        gate.start()
-        port, where = gate.port, {"uds": gate.socket}
-        assert gate.proc is not None
+    try:  # the API's port: the gate's (the engine then serves on a unix socket behind it), or ours
+        if wanted(a.gate, cpus, threads):
+            gate = GateProcess(host, port, body_bound, cfg.api_keys_file)
+            gate.start()
+            port = gate.port
+        else:
+            try:
+                sock = listening_socket(host, port)
+            except OSError as e:
+                raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    except ConfigError as e:
+        log.error("%s", e)
+        aengine.shutdown()
+        engine.close_plugins(0.0)
+        return 2
+    if gate is not None and gate.proc is not None:
         log.info("gate (pid %d) on %s:%d: refuses oversized bodies and unknown keys in a process of its own",
                  gate.proc.pid, host, port)
     else:
@@ -292,7 +304,12 @@ def _serve(a: argparse.Namespace, cfg: EngineConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _note_signal)
     try:
-        uvicorn.run(app, log_level="warning", loop=loop, http=http, **where)  # type: ignore[arg-type]
+        if sock is not None:
+            proto = refusing_protocol(body_bound) if http == "httptools" else http  # 413s before any ASGI work
+            uvicorn.Server(uvicorn.Config(app, log_level="warning", loop=loop, http=proto)).run(sockets=[sock])
+        else:
+            assert gate is not None
+            uvicorn.run(app, log_level="warning", loop=loop, http=http, uds=gate.socket)
     finally:
         if gate is not None:
             gate.stop()

@@ -16,11 +16,13 @@ tenant's stream at 1.5-1.6x its ITL p99 (issue #22's target: 1.5x) with the C HT
 switch interval did not change it. Here those refusals never reach the engine's interpreter.
 
 Why not always: the gate is a process, and it needs a core. ``python -m bench.http_stack --pin``
-(the engine on a core of its own, the gate and the attackers on the other): the stream's ITL p99
-under the flood 1.17x alone with the gate, 1.39x without (p50 1.16x against 1.36x), and the
-engine's CPU per refusal 9 us against 479 us. Unpinned on this 2-core machine, where the engine's
-thread, the gate and the attackers share both cores, the gate lost: 1.59x against 1.25x (p50 1.75x
-against 1.21x), the engine's CPU taken by the gate's. Hence ``auto``.
+(the engine on a core of its own; the gate, the attackers and the stream's client on the other;
+3 reps of 30 s, bench/results/http_stack_pinned.json): under the flood the stream's ITL p50 was
+1.07x its own with the gate and 1.23x without, its p99 79 ms against 102 ms (the p99 ratios, 1.29x
+and 1.28x, are within the spread of the windows alone: 61-94 ms), and the engine spent 6 us of CPU
+per refusal against 328 us. Unpinned on this 2-core machine, where the engine's thread, the gate and
+the attackers share both cores, the gate lost (quick run: p99 1.59x against 1.25x, p50 1.75x against
+1.21x): its CPU is the engine's. Hence ``auto``.
 
 What the gate answers itself, as the engine would (the same status, OpenAI-shaped body and headers),
 then closes the connection without reading the rest:
@@ -51,6 +53,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -90,6 +93,21 @@ def available_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     return cpus
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound and listening on ``host:port`` (IPv4 or IPv6); OSError when the address is
+    taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def wanted(mode: str, cpus: int, compute_threads: int) -> bool:
     """Whether ``kvengine serve`` puts the gate in front: ``on``/``off`` as said; ``auto`` where the
     process may run on ``SPARE_CPUS`` more CPUs than its compute threads keep busy."""
@@ -103,6 +121,11 @@ def _answer(status: int, reason: str, message: str, etype: str, extra: dict[str,
     head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json", f"content-length: {len(body)}",
             "connection: close", *(f"{k}: {v}" for k, v in (extra or {}).items())]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+def too_large_answer(max_body: int, size: int | None = None) -> bytes:
+    """The engine's 413 (engine/limits.py ``too_large``), as bytes on the wire, the connection closed."""
+    return _answer(413, "Content Too Large", too_large(max_body, size), "invalid_request_error")
 
 
 UNAUTHORIZED = _answer(401, "Unauthorized", "missing or invalid API key (send 'Authorization: Bearer KEY')",
@@ -265,8 +288,7 @@ class _Client(asyncio.Protocol):
             elif lname == b"authorization":
                 auth = value
         if declared is not None and declared.isdigit() and (size := int(declared)) > self.gate.max_body:
-            self._refuse(_answer(413, "Content Too Large", too_large(self.gate.max_body, size),
-                                 "invalid_request_error"))
+            self._refuse(too_large_answer(self.gate.max_body, size))
             return
         keys = self.gate.api_keys
         if keys is not None and self.url.split(b"?", 1)[0] not in OPEN_PATHS \
@@ -288,8 +310,7 @@ class _Client(asyncio.Protocol):
             return
         self.body_bytes += len(body)
         if self.body_bytes > self.gate.max_body:  # a chunked body past the bound (a declared one stops above)
-            self._refuse(_answer(413, "Content Too Large", too_large(self.gate.max_body), "invalid_request_error"),
-                         forwarded=True)
+            self._refuse(too_large_answer(self.gate.max_body), forwarded=True)
             return
         self._send(b"%x\r\n%b\r\n" % (len(body), body) if self.chunked else body)
 
@@ -355,7 +376,7 @@ async def serve(gate: Gate, host: str, port: int, ready: Callable[[asyncio.Abstr
                 stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (None: until SIGTERM or SIGINT), then wait for the open connections."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Client(gate), host, port, reuse_address=True, backlog=2048)
+    server = await loop.create_server(lambda: _Client(gate), sock=listening_socket(host, port))
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -284,3 +284,20 @@ def test_a_containers_cpu_quota_counts_not_just_the_affinity(tmp_path: Path) -> 
     f.write_text("max 100000\n")
     assert gate_mod.available_cpus(str(f)) == len(os.sched_getaffinity(0))
     assert gate_mod.available_cpus(str(tmp_path / "none")) == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("gate", ["off", "on"])
+def test_serve_on_a_taken_port_is_one_line_and_exit_2(tiny_model_dir: Path, gate: str) -> None:
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--model", str(tiny_model_dir), "--port",
+                            str(port), "--gate", gate, "--threads", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"127.0.0.1:{port}" in last and ("Address already in use" in last or "gate did not start" in last), last
