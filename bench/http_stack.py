@@ -26,7 +26,8 @@ engine's threads. Unpinned, on this 2-core machine, the attackers' own CPU (~0.8
 gate's are taken from the same cores as the engine's.
 
 Figures per stack (median over reps, each rep's in ``runs``): ``itl_p99_ratio`` (under / alone),
-``itl_p50_ratio``, ``refusals_per_s`` (the flood's, against the stream), ``engine_cpu_us_per_refusal``
+``itl_p50_ratio`` (and both over every rep's gaps pooled: ``itl_p99_ratio_pooled``,
+``itl_p50_ratio_pooled``), ``refusals_per_s`` (the flood's, against the stream), ``engine_cpu_us_per_refusal``
 and ``gate_cpu_us_per_refusal`` (CPU seconds over the refusals of half a window of the flood against
 the engine alone, before the stream's windows: while a stream decodes, its step thread takes a
 whole core either way, so only an idle engine shows what the refusals cost), and ``served_on`` (from
@@ -158,7 +159,8 @@ def run_stack(stack: str, window_s: float, work: Path, pin: bool = False) -> dic
             "answers": under["codes"], "refusals_per_s": refused / window_s,
             "engine_cpu_alone_s": alone["cpu_s"], "engine_cpu_under_s": under["cpu_s"],
             "idle_refusals_per_s": idle["codes"].get("413", 0) / (window_s / 2),
-            "engine_cpu_us_per_refusal": idle["us_per_refusal"], "gate_cpu_us_per_refusal": idle["gate_us_per_refusal"]}
+            "engine_cpu_us_per_refusal": idle["us_per_refusal"], "gate_cpu_us_per_refusal": idle["gate_us_per_refusal"],
+            "_gaps": (a, u)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,10 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     if not stacks or any(x not in STACKS for x in stacks):
         ap.error(f"--stacks: a comma-separated list of {', '.join(STACKS)}")
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in stacks}
+    gaps: dict[str, list[tuple[list[float], list[float]]]] = {s: [] for s in stacks}
     with tempfile.TemporaryDirectory(prefix="http_stack_") as tmp:
         for rep in range(reps):
             for s in stacks if rep % 2 == 0 else stacks[::-1]:
                 r = run_stack(s, window_s, Path(tmp), a.pin)
+                gaps[s].append(r.pop("_gaps"))
                 runs[s].append(r)
                 print(json.dumps(r), flush=True)
     figures = ("itl_p99_ratio", "itl_p50_ratio", "itl_p99_alone_s", "itl_p99_under_s", "refusals_per_s",
@@ -196,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                            "spread": {s: {f: [min(r[f] for r in rs), max(r[f] for r in rs)] for f in figures}
                                       for s, rs in runs.items()},
                            "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg())}  # fmt: skip
+    for s, gs in gaps.items():  # every rep's gaps pooled: a window's p99 alone is its ~4th-largest gap
+        alone, under = [g for a_, _ in gs for g in a_], [g for _, u in gs for g in u]
+        doc[s]["itl_p99_ratio_pooled"] = _pct(under, 0.99) / _pct(alone, 0.99)
+        doc[s]["itl_p50_ratio_pooled"] = _pct(under, 0.5) / _pct(alone, 0.5)
     if "python" in doc and "c" in doc:
         doc["cpu_per_refusal_ratio"] = doc["python"]["engine_cpu_us_per_refusal"] / max(doc["c"]["engine_cpu_us_per_refusal"], 1e-9)
     if "gate" in doc and "c" in doc:  # the step loop's ITL p99 ratio under the flood, gate over in-process

@@ -99,6 +99,7 @@ BENCHES: dict[str, list[Figure]] = {
     # #22: a flood of refused 16 MB bodies against a stream, the engine's HTTP in its own process (c) and
     # behind the gate (engine/gate.py), same run: the step loop shares its interpreter with the HTTP side
     "http_stack": [Figure("c.itl_p99_ratio", 1.5, "<="), Figure("gate.itl_p99_ratio", None),
+                   Figure("c.itl_p99_ratio_pooled", None), Figure("gate.itl_p99_ratio_pooled", None),
                    Figure("gate_over_c_itl_p99_ratio", None), Figure("c.engine_cpu_us_per_refusal", None),
                    Figure("gate.engine_cpu_us_per_refusal", None), Figure("gate.gate_cpu_us_per_refusal", None)],
     # engines started together on one host: their start-up prefill fits against a lone engine's, with the
