@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Iterable
 
@@ -42,7 +41,7 @@ from engine.errors import PromptTooLongError
 from engine.kv_pool import KVPool
 from engine.radix_cache import RadixCache
 from engine.request import Request, Status
-from engine.step_budget import ANTICIPATE_S, StepBudget, StepCost
+from engine.step_budget import StepBudget, StepCost
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,6 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.num_preemptions = 0
         self.step_cost = StepCost()  # learnt from each step (LLMEngine._step): what a prompt token costs a stream
-        self._last_done: dict[str, float] = {}  # tenant -> when its last request finished (ANTICIPATE_S)
 
     @property
     def wake(self) -> threading.Event:
@@ -118,17 +116,7 @@ class Scheduler:
         """The newest queued request holding a prefix (not a loading one) gives it back."""
         return self.cache.reclaim(r for r in reversed(self.waiting) if r.status is Status.WAITING)
 
-    def _returning(self, in_engine: list[Request]) -> list[str]:
-        """Tenants with nothing in the engine whose last request finished under ``ANTICIPATE_S`` ago:
-        a client between two requests (engine/step_budget.py)."""
-        now = time.monotonic()
-        for t in [t for t, at in self._last_done.items() if now - at >= ANTICIPATE_S]:
-            del self._last_done[t]
-        present = {r.tenant for r in in_engine}
-        return [t for t in self._last_done if t not in present]
-
     def finish(self, req: Request, reason: str) -> None:
-        self._last_done[req.tenant] = time.monotonic()
         req.status = Status.FINISHED
         req.finish_reason = reason
         if req in self.running:
@@ -191,8 +179,7 @@ class Scheduler:
         prefills = fair(sorted((r for r in self.running if r.remaining > 1), key=lambda r: r.arrival), in_engine)
         # the tenant first in the fair order of the step's prompts is protected as the decoding ones are
         head = fair([*prefills, *(r for r in self.waiting if r.status is Status.WAITING)], in_engine)[:1]
-        budget = StepBudget(budget - len(plan), cross, [*(r.tenant for r, _ in plan), *(r.tenant for r in head),
-                                                        *(self._returning(in_engine) if cross is not None else ())])
+        budget = StepBudget(budget - len(plan), cross, [*(r.tenant for r, _ in plan), *(r.tenant for r in head)])
         # 2. running prefills continue, in the fair order
         for req in prefills:
             if budget.total <= 0:

@@ -23,11 +23,7 @@ fewest requests in the engine first: engine/scheduler.py ``fair``), and the tena
 order is protected in the step as a decoding one is: the other tenants' prompts in the step,
 running prefills among them, are cross. Before, a tenant's one new request waited behind another
 tenant's queue of 32 and then shared a step with ~20 of its prompts: its TTFT was 0.70 s against
-0.06 s alone (bench.tenant_flood). So is a tenant with nothing in the engine whose last request
-finished under ``ANTICIPATE_S`` ago (an anticipatory scheduler's idle grace): its next request, sent
-as the last answer ends, otherwise arrived in the middle of another tenant's full step (~0.4 s
-here) and waited for it to end. What it costs the other tenants: their prompts are bounded for at
-most ``ANTICIPATE_S`` after a tenant goes quiet.
+0.06 s alone (bench.tenant_flood).
 """
 
 from __future__ import annotations
@@ -37,10 +33,6 @@ from collections.abc import Iterable
 
 from engine.request import Request
 
-# a tenant whose last request finished this recently, with nothing in the engine now, is protected as
-# a decoding one is: a client between two requests (a streamed answer's end to the next request on
-# loopback: ~10-20 ms; over a network, an RTT more)
-ANTICIPATE_S = 0.25
 FADE = 0.98  # each step's weight in the fit, relative to the next one's: ~50 steps remembered
 MIN_STEPS = 8.0  # weight of steps before the fit is trusted
 MIN_SPREAD = 4.0  # tokens: the prompt sizes seen must differ by about this much to give a slope

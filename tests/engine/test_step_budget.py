@@ -7,7 +7,6 @@ are fed in a fair order: a tenant's one request does not queue behind another te
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -187,25 +186,3 @@ def test_the_share_is_checked() -> None:
     for bad in (-0.1, math.inf, math.nan):
         with pytest.raises(ValueError, match="cross_tenant_step_share"):
             EngineConfig(num_pages=8, cross_tenant_step_share=bad)
-
-
-def test_a_tenant_between_two_requests_is_protected_for_a_moment(tiny) -> None:
-    """alice's answer just ended and her next request is on its way: bob's queued prompts are bounded
-    for ANTICIPATE_S (her next request otherwise landed in the middle of a step full of his), then
-    take the whole budget; bob's own recent finishes do not bound him (he is in the engine)."""
-    from engine.step_budget import ANTICIPATE_S
-
-    e = _engine(tiny, 0.5)
-    e.add_request(_prompt(20, seed=1), SamplingParams(max_tokens=1, ignore_eos=True), cache_salt=scoped_salt("alice", None))
-    while e.has_unfinished():
-        e.step()
-    _teach(e.scheduler.step_cost)
-    for i in range(4):
-        e.add_request(_prompt(20, seed=10 + i), SamplingParams(max_tokens=1, ignore_eos=True),
-                      cache_salt=scoped_salt("bob", None))  # fmt: skip
-    assert "alice" in e.scheduler._last_done  # her finish was recorded
-    e.scheduler._last_done["alice"] = time.monotonic()  # as if just now, however slow this machine
-    assert sum(n for _, n in e.scheduler.schedule()) == 4  # alice went quiet a moment ago
-    e.scheduler._last_done["bob"] = time.monotonic()  # bob's own finished requests: he is in the engine
-    e.scheduler._last_done["alice"] -= ANTICIPATE_S  # she did not come back: bob has the step again
-    assert sum(n for _, n in e.scheduler.schedule()) == 64
