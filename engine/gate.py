@@ -156,6 +156,8 @@ class _Upstream(asyncio.Protocol):
         self.client = client
 
     def data_received(self, data: bytes) -> None:
+        if self.client.closed:  # refused or gone: nothing more goes to it
+            return
         self.client.answered = True
         self.client.transport.write(data)
 
