@@ -349,6 +349,8 @@ def _generate(a: argparse.Namespace, cfg: EngineConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.gate import MODES as GATE_MODES
+
     ap = argparse.ArgumentParser(prog="kvengine", description="tierkv paged-attention LLM engine",
                                  epilog="Precedence per field: flag > TIERKV_ENGINE_* env > default.")
     ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -366,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=_field_help("YAML mapping API key -> tenant: /v1/* then need 'Authorization: Bearer KEY' "
                                     "(401 without), and a request's KV namespace is its key's tenant "
                                     "(engine/tenancy.py)", "api_keys_file"))
-    s.add_argument("--gate", choices=("auto", "on", "off"), default="auto",
+    s.add_argument("--gate", choices=GATE_MODES, default="auto",
                    help="a process of its own in front of the API that refuses oversized bodies and unknown "
                         "keys without the engine (engine/gate.py); auto: on where the engine has 2 CPUs beyond "
                         "its compute threads (default: %(default)s)")

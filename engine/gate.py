@@ -64,12 +64,12 @@ from pathlib import Path
 
 import httptools
 
-from engine.limits import too_large
-from engine.tenancy import ApiKeys
+from engine.limits import declared_past, too_large
+from engine.tenancy import MISSING_KEY, OPEN_PATHS, ApiKeys
 
 log = logging.getLogger("engine.gate")
 
-OPEN_PATHS = frozenset({b"/health", b"/metrics"})  # engine/server.py OPEN_PATHS: no API key needed
+KEYLESS = frozenset(p.encode() for p in OPEN_PATHS)  # engine/tenancy.py OPEN_PATHS, as the parser's bytes
 HEAD_BYTES = 64 << 10  # request line and headers of one request
 HEAD_TIMEOUT_S = 10.0  # from a connection's (or request's) first byte to the end of its head
 MAX_CONNECTIONS = 4096
@@ -128,8 +128,7 @@ def too_large_answer(max_body: int, size: int | None = None) -> bytes:
     return _answer(413, "Content Too Large", too_large(max_body, size), "invalid_request_error")
 
 
-UNAUTHORIZED = _answer(401, "Unauthorized", "missing or invalid API key (send 'Authorization: Bearer KEY')",
-                       "authentication_error", {"www-authenticate": "Bearer"})
+UNAUTHORIZED = _answer(401, "Unauthorized", MISSING_KEY, "authentication_error", {"www-authenticate": "Bearer"})
 HEAD_TOO_LARGE = _answer(431, "Request Header Fields Too Large",
                          f"the request line and headers are longer than {HEAD_BYTES} bytes", "invalid_request_error")
 BAD_REQUEST = _answer(400, "Bad Request", "malformed HTTP/1.x request", "invalid_request_error")
@@ -146,7 +145,6 @@ class Gate:
     def __init__(self, upstream: str, max_body: int, api_keys: ApiKeys | None) -> None:
         self.upstream, self.max_body, self.api_keys = upstream, max_body, api_keys
         self.open: set[_Client] = set()
-        self.refused = 0
 
 
 class _Upstream(asyncio.Protocol):
@@ -194,7 +192,6 @@ class _Client(asyncio.Protocol):
         self.head_bytes = 0
         self.chunked = False
         self.body_bytes = 0
-        self.in_body = False
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -233,10 +230,7 @@ class _Client(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:  # a CONNECT, or an Upgrade header the head check let by
-            if not self.closed:
-                self._refuse(BAD_REQUEST)
-        except httptools.HttpParserError:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):  # upgrade: a CONNECT, say
             if not self.closed:
                 self._refuse(BAD_REQUEST)
 
@@ -284,16 +278,16 @@ class _Client(asyncio.Protocol):
         for name, value in self.headers:
             lname = name.lower()
             if lname == b"content-length":
-                declared = value.strip()
+                declared = value
             elif lname == b"transfer-encoding" and b"chunked" in value.lower():
                 self.chunked = True
             elif lname == b"authorization":
                 auth = value
-        if declared is not None and declared.isdigit() and (size := int(declared)) > self.gate.max_body:
+        if (size := declared_past(declared, self.gate.max_body)) is not None:
             self._refuse(too_large_answer(self.gate.max_body, size))
             return
         keys = self.gate.api_keys
-        if keys is not None and self.url.split(b"?", 1)[0] not in OPEN_PATHS \
+        if keys is not None and self.url.split(b"?", 1)[0] not in KEYLESS \
                 and keys.tenant(auth.decode("latin-1") if auth is not None else None) is None:
             self._refuse(UNAUTHORIZED)
             return
@@ -305,7 +299,6 @@ class _Client(asyncio.Protocol):
         head = [self.parser.get_method() + b" " + self.url + b" HTTP/" + version.encode()]
         head += [name + b": " + value for name, value in self.headers]
         self._send(b"\r\n".join(head) + b"\r\n\r\n")
-        self.in_body = True
 
     def on_body(self, body: bytes) -> None:
         if self.closed:
@@ -321,7 +314,6 @@ class _Client(asyncio.Protocol):
             return
         if self.chunked:
             self._send(b"0\r\n\r\n")
-        self.in_body = False
 
     # -- to the engine -----------------------------------------------------------------------
     def _send(self, data: bytes) -> None:
@@ -365,7 +357,6 @@ class _Client(asyncio.Protocol):
         """Answer and close, the rest of the request unread (the kernel drops it). ``forwarded``: the
         request's head already went to the engine, which may have started its own answer."""
         self.closed = True
-        self.gate.refused += 1
         self._disarm()
         if not (forwarded and self.answered):  # never into the middle of the engine's answer
             self.transport.write(answer)
@@ -419,7 +410,6 @@ class GateProcess:
         self.host, self.port, self.max_body, self.api_keys_file = host, port, max_body, api_keys_file
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
-        self._watch: threading.Thread | None = None
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         listen = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
@@ -439,8 +429,7 @@ class GateProcess:
 
     def start(self) -> None:
         self.proc = self._spawn()
-        self._watch = threading.Thread(target=self._keep, name="gate-watch", daemon=True)
-        self._watch.start()
+        threading.Thread(target=self._keep, name="gate-watch", daemon=True).start()
 
     def _keep(self) -> None:
         """Start the gate again if it dies while the engine serves: a crash there must not take the

@@ -20,6 +20,7 @@ import asyncio
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from engine.gate import too_large_answer
+from engine.limits import declared_past
 
 
 def refusing_protocol(max_body: int) -> type[asyncio.Protocol]:
@@ -33,15 +34,12 @@ def refusing_protocol(max_body: int) -> type[asyncio.Protocol]:
                 super().data_received(data)
 
         def on_headers_complete(self) -> None:
-            for name, value in self.headers:  # lower-cased by on_header
-                if name == b"content-length":
-                    declared = value.strip()
-                    if declared.isdigit() and (size := int(declared)) > max_body:
-                        self._refused = True
-                        self.transport.write(too_large_answer(max_body, size))
-                        self.transport.close()
-                        return
-                    break
+            declared = next((value for name, value in self.headers if name == b"content-length"), None)  # lower-cased
+            if (size := declared_past(declared, max_body)) is not None:
+                self._refused = True
+                self.transport.write(too_large_answer(max_body, size))
+                self.transport.close()
+                return
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:

@@ -40,19 +40,17 @@ from engine import limits
 from engine.async_engine import AsyncEngine
 from engine.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from engine.hooks import DocumentPrompts
-from engine.limits import too_large
 from engine.prompts import PromptBuilder
 from engine.protocol import ChatRequest, CompletionRequest
 from engine.request import HookState, RequestOutput
 from engine.sampling import SamplingParams
-from engine.tenancy import ApiKeys, body_salt_error, scoped_salt
+from engine.tenancy import MISSING_KEY, OPEN_PATHS, ApiKeys, body_salt_error, scoped_salt
 
 CHAT_DEFAULT_MAX = 1024
 #: the most one request body may be: a larger one is answered 413 before it is read (Content-Length)
 #: or as soon as it passes the bound (chunked), so no client makes the server hold or parse more.
 #: The bound itself follows the model's context (engine/limits.py ``body_bytes_limit``).
 MAX_BODY_BYTES = limits.MAX_BODY_BYTES
-OPEN_PATHS = frozenset({"/health", "/metrics"})  # what answers without an API key (probes, Prometheus)
 TOKENIZER_THREADS = 2  # prompts tokenised at once, off the event loop
 RETRY_AFTER = {"Retry-After": "1"}  # on a 429 or 503: seconds
 LIMITED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})  # the requests counted in flight
@@ -81,7 +79,7 @@ class _ApiKeys:
         auth = next((v for k, v in scope.get("headers") or () if k == b"authorization"), None)
         found = self.api_keys.tenant(auth.decode("latin-1") if auth is not None else None)
         if found is None:
-            resp = _error(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
+            resp = _error(401, MISSING_KEY,
                           etype="authentication_error", headers={"WWW-Authenticate": "Bearer"})
             return await resp(scope, receive, send)
         scope.setdefault("state", {})["tenant"] = found
@@ -135,8 +133,8 @@ class _CloseUnread:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
         declared = headers.get(b"content-length", b"").strip()
-        if declared.isdigit() and (size := int(declared)) > self.max_body:
-            resp = _error(413, too_large(self.max_body, size), headers={"connection": "close"})
+        if (size := limits.declared_past(declared, self.max_body)) is not None:
+            resp = _error(413, limits.too_large(self.max_body, size), headers={"connection": "close"})
             return await resp(scope, receive, send)
         unread = [headers.get(b"transfer-encoding", b"").lower() == b"chunked" or declared not in (b"", b"0")]
 
@@ -232,7 +230,7 @@ def create_app(aengine: AsyncEngine, model_name: str, documents: DocumentPrompts
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         """Starlette's own refusals (a chunked body past the limit, an unknown path or method) in the
         same OpenAI-style body as every other error, not FastAPI's ``{"detail": ...}``."""
-        message = too_large(body_bound) if exc.status_code == 413 else str(exc.detail)
+        message = limits.too_large(body_bound) if exc.status_code == 413 else str(exc.detail)
         return _error(exc.status_code, message, etype="server_error" if exc.status_code >= 500 else
                       "invalid_request_error", headers=exc.headers)
 

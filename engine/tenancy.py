@@ -30,6 +30,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _RESERVED = frozenset({"shared", "_other"})  # the daemon's Stats rows of its own
 _MARK = "\x1e"  # starts a scope and ends its tenant: no tenant name or body salt contains it
 MIN_KEY_CHARS = 16
+#: what answers without an API key (probes, Prometheus): every other path needs one (deny by default)
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+#: the one message of a 401, from the engine's server or its gate (engine/gate.py)
+MISSING_KEY = "missing or invalid API key (send 'Authorization: Bearer KEY')"
 
 
 def check_tenant(name: object, where: str = "tenant") -> str:
