@@ -1,7 +1,7 @@
 """Another tenant's flood against a stream: the gap between a stream's tokens with the engine's
 bound on what other tenants' prompts may add to a stream's step (engine/step_budget.py) and without it.
 
-    python -m bench.tenant_flood --out F.json [--quick] [--reps 3] [--window-s 30] [--shares 0.5,0]
+    python -m bench.tenant_flood --out F.json [--quick] [--reps 3] [--window-s 30] [--shares 0.25,0.5,0]
 
 Why: bench.soak's salt flood (32 clients of one tenant, each asking a 5-token completion of one
 token, again and again) held another tenant's stream at ~7x its ITL p99 (issue #22's target:
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=30.0)
-    ap.add_argument("--shares", default="0.5,0", help="settings of --cross-tenant-step-share (0: no bound)")
+    ap.add_argument("--shares", default="0.25,0.5,0", help="settings of --cross-tenant-step-share (0: no bound)")
     ap.add_argument("--quick", action="store_true", help="2 reps of 15 s windows (for make bench)")
     a = ap.parse_args(argv)
     exit_on_sigterm()
