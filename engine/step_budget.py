@@ -36,14 +36,25 @@ from engine.request import Request
 FADE = 0.98  # each step's weight in the fit, relative to the next one's: ~50 steps remembered
 MIN_STEPS = 8.0  # weight of steps before the fit is trusted
 MIN_SPREAD = 4.0  # tokens: the prompt sizes seen must differ by about this much to give a slope
+SMALL = 32  # prompt tokens up to which a step is a "small" one, the bound's range on a CPU
+LEARN = 0.1  # weight of each new step in the decode-only step's and the small steps' averages
 
 
 class StepCost:
-    """Step seconds ≈ ``base_s`` + ``token_s`` × prompt tokens, fitted over recent steps."""
+    """Step seconds ≈ ``base_s`` + ``token_s`` × prompt tokens, fitted over recent steps; and, apart
+    from the line, what a decode-only step takes and how far small steps run past the line.
+
+    Why apart: on the CPU the line is learnt mostly from big steps (a tenant's prompts alone take
+    the whole budget), while the bound lives at a few tokens, where a step pays for going from one
+    row to several (the linear layers' small-row forms, another sequence in attention) before any
+    token's own cost. A flood's steps at 3-4 tokens took 55-59 ms against 36 ms decode-only, where
+    the line said 45: the share of 0.25 was a share of 0.5-0.65 (a step log, bench.tenant_flood)."""
 
     def __init__(self) -> None:
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._last: tuple[float, float] | None = None  # the last fit the steps could tell apart
+        self._decode_s: float | None = None  # a decode-only step (no prompt tokens), averaged
+        self._excess = 0.0  # small steps' seconds past the line, as a share of a decode-only step
 
     def observe(self, prompt_tokens: int, seconds: float) -> None:
         x = float(prompt_tokens)
@@ -52,6 +63,12 @@ class StepCost:
         self._y = self._y * FADE + seconds
         self._xx = self._xx * FADE + x * x
         self._xy = self._xy * FADE + x * seconds
+        if prompt_tokens == 0:
+            d = self._decode_s
+            self._decode_s = seconds if d is None else d + LEARN * (seconds - d)
+        elif prompt_tokens <= SMALL and (f := self.fit()) is not None:
+            base = self.decode_step_s(f)
+            self._excess += LEARN * ((seconds - base - f[1] * x) / base - self._excess)
 
     def fit(self) -> tuple[float, float] | None:
         """(base_s, token_s): of the recent steps, or of the last ones whose prompt sizes differed
@@ -66,13 +83,18 @@ class StepCost:
                     self._last = (base, slope)
         return self._last
 
+    def decode_step_s(self, fit: tuple[float, float]) -> float:
+        """A decode-only step's seconds: measured, or the line's base before any was seen."""
+        return self._decode_s if self._decode_s is not None else fit[0]
+
     def cross_tokens(self, share: float, fallback: int) -> int:
-        """Prompt tokens that add about ``share`` of a decode-only step (``fallback`` before a fit)."""
+        """Prompt tokens that add about ``share`` of a decode-only step (``fallback`` before a fit);
+        at least one, so that a tenant bounded by another's stream still moves."""
         f = self.fit()
         if f is None:
             return fallback
-        base, slope = f
-        return max(1, math.floor(share * base / slope))
+        base = self.decode_step_s(f)
+        return max(1, math.floor((share - max(self._excess, 0.0)) * base / f[1] + 1e-9))
 
 
 class StepBudget:

@@ -68,13 +68,32 @@ def test_step_cost_learns_the_line_and_keeps_it_through_a_steady_load() -> None:
     base, slope = c.fit()  # type: ignore[misc]
     assert abs(base - 0.040) < 1e-9 and abs(slope - 0.0025) < 1e-9
     assert c.cross_tokens(0.5, 16) == 8  # 0.5 x 40 ms / 2.5 ms
-    for _ in range(300):  # one size only, old steps faded: the slope cannot be seen, the last one holds
-        c.observe(7, 0.060)
-    assert c.cross_tokens(0.5, 16) == 8
+    for _ in range(300):  # one size only, old steps faded: the slope cannot be seen, the last one holds;
+        c.observe(7, 0.060)  # these run 2.5 ms past it, which the bound takes off: (20 - 2.5) / 2.5 ms
+    assert c.cross_tokens(0.5, 16) == 7
     for i in range(300):  # a faster machine (a GPU): prompt tokens nearly free, the bound opens up
         p = (0, 64, 128)[i % 3]
         c.observe(p, 0.005 + 0.00001 * p)
     assert c.cross_tokens(0.5, 16) >= 128
+
+
+def test_small_steps_that_run_past_the_line_bring_the_bound_down_to_what_they_cost() -> None:
+    """The line is learnt mostly from big steps; at a few tokens a CPU step also pays for going from
+    one row to several. A stream's steps with another tenant's few tokens must stay within the
+    share of a decode-only step with that counted, and one token still goes (the other tenant
+    moves)."""
+    c = StepCost()
+    for i in range(40):  # big steps on the line: 36 ms + 3 ms a token
+        p = (0, 40, 80, 128)[i % 4]
+        c.observe(p, 0.036 + 0.003 * p)
+    assert (c.cross_tokens(0.5, 16), c.cross_tokens(0.25, 16)) == (6, 3)  # 18 and 9 ms at 3 ms a token
+    for _ in range(60):  # then a stream decodes with 3 of another tenant's tokens: 7.2 ms past the line
+        c.observe(0, 0.036)
+        c.observe(3, 0.036 + 0.0072 + 0.009)
+        c.observe(128, 0.036 + 0.003 * 128)  # the other tenant alone between the stream's answers
+    # (0.5 - 0.2) x 36 ms / ~3 ms a token, and (0.25 - 0.2) x 36 ms: under one token, one still goes;
+    # the line alone gave 5 and 3
+    assert (c.cross_tokens(0.5, 16), c.cross_tokens(0.25, 16)) == (3, 1)
 
 
 def _teach(cost: StepCost, base_s: float = 0.040, token_s: float = 0.005) -> None:
