@@ -179,7 +179,8 @@ class Scheduler:
         prefills = fair(sorted((r for r in self.running if r.remaining > 1), key=lambda r: r.arrival), in_engine)
         # the tenant first in the fair order of the step's prompts is protected as the decoding ones are
         head = fair([*prefills, *(r for r in self.waiting if r.status is Status.WAITING)], in_engine)[:1]
-        budget = StepBudget(budget - len(plan), cross, [*(r.tenant for r, _ in plan), *(r.tenant for r in head)])
+        budget = StepBudget(budget - len(plan), cross, [*(r.tenant for r, _ in plan), *(r.tenant for r in head)],
+                            Counter(r.tenant for r in in_engine))
         # 2. running prefills continue, in the fair order
         for req in prefills:
             if budget.total <= 0:

@@ -10,9 +10,11 @@ another tenant's stream at ~0.27 s per token, ~7x its gap alone (bench.tenant_fl
 ``cross_tenant_step_share`` bounds that in time: the prompt tokens of requests whose tenant differs
 from a tenant decoding in the step (*cross* prefills) may add at most that share of a decode-only
 step. ``StepCost`` learns both from the engine's own steps (a least-squares line of step seconds
-over prompt tokens, old steps fading), so the bound follows the machine: ~7 tokens on one CPU
+over prompt tokens, old steps fading; a decode-only step measured as such; and how far steps of a
+few prompt tokens run past the line), so the bound follows the machine: 1-3 tokens on one CPU
 thread, more with more threads, the whole budget on a GPU, where a prompt token costs next to
-nothing. Until it has measured, ``page_size`` tokens.
+nothing. Until it has measured, ``page_size`` tokens; never less than one token (the bounded tenant
+still moves).
 
 A tenant's own prompts are not bounded by its own streams (its trade-off to make, as with one
 tenant), and with one tenant (or none: no API keys) nothing changes. The cost is the bounded
@@ -29,7 +31,7 @@ tenant's queue of 32 and then shared a step with ~20 of its prompts: its TTFT wa
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from engine.request import Request
 
@@ -101,15 +103,29 @@ class StepBudget:
     """``total`` prompt tokens left in the step; of them at most ``cross`` for cross prefills (None:
     no bound) — cross: the request's tenant differs from one of ``protected``, the step's tenants
     whose time it bounds (the scheduler's: those decoding in the step, and the tenant first in its
-    fair order of prompts)."""
+    fair order of prompts), and asks more of the engine than that one (``demand``: requests in the
+    engine per tenant; None: any other tenant is cross).
 
-    def __init__(self, total: int, cross: int | None, protected: Iterable[str]) -> None:
+    Why only more: tenants that ask as much as each other share the engine as one tenant's requests
+    do (chunked prefill bounds everyone alike), and bounding each by the others' streams cut a load
+    of several tenants taking turns to a few prompt tokens a step. A tenant past another's demand (a
+    flood of 32 against one stream) is the one whose prompts stretch the other's gaps."""
+
+    def __init__(self, total: int, cross: int | None, protected: Iterable[str],
+                 demand: Mapping[str, int] | None = None) -> None:  # fmt: skip
         self.total = max(total, 0)
         self._tenants = frozenset(protected)
+        self._demand = demand
         self.cross_left = cross
 
     def is_cross(self, req: Request) -> bool:
-        return self.cross_left is not None and bool(self._tenants - {req.tenant})
+        if self.cross_left is None:
+            return False
+        others = self._tenants - {req.tenant}
+        if self._demand is None:
+            return bool(others)
+        mine = self._demand.get(req.tenant, 0)
+        return any(self._demand.get(t, 0) < mine for t in others)
 
     def allows(self, req: Request) -> int:
         """Prompt tokens ``req`` may take now (0: none this step)."""

@@ -129,6 +129,24 @@ def test_another_tenants_flood_takes_at_most_its_share_of_a_streams_step(tiny) -
     assert _flood_step(_engine(tiny, 0.0)) == {"alice": 1, "bob": 63}  # unbounded: the whole budget
 
 
+def test_a_tenant_asking_no_more_than_the_decoding_one_is_not_bounded_by_it(tiny) -> None:
+    """alice decodes her one request; bob's one 20-token prompt asks no more of the engine than she
+    does, and goes whole, as a second request of one tenant would. With a second prompt queued he
+    asks more than she does, and his prompts are bounded by her stream."""
+    got = []
+    for n_bob in (1, 2):
+        e = _engine(tiny, 0.5)
+        e.add_request(_prompt(20, seed=1), SamplingParams(max_tokens=50, ignore_eos=True),
+                      cache_salt=scoped_salt("alice", None))  # fmt: skip
+        e.step()
+        _teach(e.scheduler.step_cost)
+        for i in range(n_bob):
+            e.add_request(_prompt(20, seed=10 + i), SamplingParams(max_tokens=1, ignore_eos=True),
+                          cache_salt=scoped_salt("bob", None))  # fmt: skip
+        got.append({t: sum(n for r, n in e.scheduler.schedule() if r.tenant == t) for t in ("alice", "bob")})
+    assert got == [{"alice": 1, "bob": 20}, {"alice": 1, "bob": 4}]
+
+
 def test_a_tenants_one_request_goes_before_another_tenants_queue_and_bounds_it(tiny) -> None:
     """No one decodes; bob queued six 20-token prompts before alice's one. Without the fair order
     bob's took the step (alice's TTFT: behind his queue, then in a step of his prompts); without the
