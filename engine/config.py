@@ -26,8 +26,8 @@ class EngineConfig:
     # of those, prompts of tenants other than one decoding in the step may add at most this share of a
     # decode-only step to it (learnt from the engine's steps): what another tenant's load adds to a
     # stream's gap between tokens (engine/step_budget.py; only with several tenants); 0 = no bound.
-    # A quarter, not a half: the flood's HTTP side takes the interpreter too (~15% of a step on one
-    # thread), and a half put the stream's median gap at ~1.7x (docs/operations.md)
+    # A quarter: under another tenant's flood the stream's steps then take ~1.13-1.2x a decode-only one
+    # at the median, leaving its tail room under 1.5x (docs/operations.md, "Other tenants' prompts")
     cross_tenant_step_share: float = 0.25
     max_model_len: int = 0  # 0 = the model's max_position_embeddings
     attention_backend: str = "auto"  # auto | torch | flashinfer

@@ -17,7 +17,9 @@ nothing. Until it has measured, ``page_size`` tokens; never less than one token 
 still moves).
 
 A tenant's own prompts are not bounded by its own streams (its trade-off to make, as with one
-tenant), and with one tenant (or none: no API keys) nothing changes. The cost is the bounded
+tenant), nor by the streams of a tenant that asks as much of the engine or more (requests in it:
+equals share steps as one tenant's requests do); with one tenant (or none: no API keys) nothing
+changes. The cost is the bounded
 tenant's TTFT while another tenant decodes: its prompt is fed in chunks of the bound.
 
 A prompt protects its tenant too. The scheduler feeds prompts in a fair order (the tenant with the
