@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from engine.admission import Admitter
 from engine.cache_manager import CacheManager
@@ -46,15 +46,20 @@ from engine.step_budget import StepBudget, StepCost
 log = logging.getLogger(__name__)
 
 
-def fair(reqs: Iterable[Request], in_engine: Iterable[Request]) -> list[Request]:
-    """``reqs`` with the tenants that have the fewest requests in ``in_engine`` (running and queued)
-    first, each tenant's in arrival order. One tenant (or none: no API keys): ``reqs`` as they are.
-    A tenant's one request is not queued behind another tenant's flood of them."""
+def tenant_demand(in_engine: Iterable[Request]) -> Counter[str]:
+    """Requests in the engine (running and queued) per tenant: what ``fair`` orders by and what
+    engine/step_budget.py ``StepBudget`` bounds by. Counted once a step."""
+    return Counter(r.tenant for r in in_engine)
+
+
+def fair(reqs: Iterable[Request], demand: Mapping[str, int]) -> list[Request]:
+    """``reqs`` with the tenants that have the fewest requests in the engine (``demand``:
+    ``tenant_demand``) first, each tenant's in arrival order. One tenant (or none: no API keys):
+    ``reqs`` as they are. A tenant's one request is not queued behind another tenant's flood of them."""
     reqs = list(reqs)
     if len({r.tenant for r in reqs}) < 2:
         return reqs
-    demand = Counter(r.tenant for r in in_engine)
-    return sorted(reqs, key=lambda r: (demand[r.tenant], r.arrival))
+    return sorted(reqs, key=lambda r: (demand.get(r.tenant, 0), r.arrival))
 
 
 class Scheduler:
@@ -105,7 +110,7 @@ class Scheduler:
         """(tokens to feed, tokens cached) of the prefill work ahead of ``req``: running prefills and
         the queued requests before it that are not loading (a loading one's share is not known yet)."""
         ahead = [(r.remaining, r.num_computed) for r in self.running if r.remaining > 1]
-        for r in fair(self.waiting, [*self.running, *self.waiting]):
+        for r in fair(self.waiting, tenant_demand([*self.running, *self.waiting])):
             if r is req:
                 break
             if r.status is Status.WAITING:
@@ -175,12 +180,12 @@ class Scheduler:
                 plan.append((req, 1))
         share = self.cfg.cross_tenant_step_share
         cross = self.step_cost.cross_tokens(share, self.cfg.page_size) if share > 0 else None
-        in_engine = [*self.running, *self.waiting]
-        prefills = fair(sorted((r for r in self.running if r.remaining > 1), key=lambda r: r.arrival), in_engine)
+        demand = tenant_demand([*self.running, *self.waiting])
+        prefills = fair(sorted((r for r in self.running if r.remaining > 1), key=lambda r: r.arrival), demand)
         # the tenant first in the fair order of the step's prompts is protected as the decoding ones are
-        head = fair([*prefills, *(r for r in self.waiting if r.status is Status.WAITING)], in_engine)[:1]
+        head = fair([*prefills, *(r for r in self.waiting if r.status is Status.WAITING)], demand)[:1]
         budget = StepBudget(budget - len(plan), cross, [*(r.tenant for r, _ in plan), *(r.tenant for r in head)],
-                            Counter(r.tenant for r in in_engine))
+                            demand)
         # 2. running prefills continue, in the fair order
         for req in prefills:
             if budget.total <= 0:
@@ -192,7 +197,7 @@ class Scheduler:
             budget.take(req, n)
         # 3. admit waiting requests in the fair order; a LOADING one is passed over until its load is
         # in, a cross-tenant one (engine/step_budget.py) once the step has no room left for it
-        for req in fair(self.waiting, in_engine):
+        for req in fair(self.waiting, demand):
             if budget.total <= 0 or len(self.running) >= self.cfg.max_num_seqs:
                 break
             if req.status is Status.LOADING or budget.allows(req) <= 0:

@@ -19,8 +19,8 @@ still moves).
 A tenant's own prompts are not bounded by its own streams (its trade-off to make, as with one
 tenant), nor by the streams of a tenant that asks as much of the engine or more (requests in it:
 equals share steps as one tenant's requests do); with one tenant (or none: no API keys) nothing
-changes. The cost is the bounded
-tenant's TTFT while another tenant decodes: its prompt is fed in chunks of the bound.
+changes. The cost is the bounded tenant's TTFT while another tenant decodes: its prompt is fed in
+chunks of the bound.
 
 A prompt protects its tenant too. The scheduler feeds prompts in a fair order (the tenant with the
 fewest requests in the engine first: engine/scheduler.py ``fair``), and the tenant first in that
@@ -106,7 +106,7 @@ class StepBudget:
     no bound) — cross: the request's tenant differs from one of ``protected``, the step's tenants
     whose time it bounds (the scheduler's: those decoding in the step, and the tenant first in its
     fair order of prompts), and asks more of the engine than that one (``demand``: requests in the
-    engine per tenant; None: any other tenant is cross).
+    engine per tenant, engine/scheduler.py ``tenant_demand``; None: any other tenant is cross).
 
     Why only more: tenants that ask as much as each other share the engine as one tenant's requests
     do (chunked prefill bounds everyone alike), and bounding each by the others' streams cut a load

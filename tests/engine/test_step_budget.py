@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.request import Request
 from engine.sampling import SamplingParams
-from engine.scheduler import fair
+from engine.scheduler import fair, tenant_demand
 from engine.step_budget import StepBudget, StepCost
 from engine.tenancy import scoped_salt
 
@@ -45,10 +45,10 @@ def test_budget_bounds_only_prompts_of_other_tenants_than_the_decoding_ones() ->
 def test_fair_order_puts_a_tenant_with_fewer_requests_first_and_leaves_one_tenant_alone() -> None:
     floods = [_req("flood") for _ in range(5)]
     normal = _req("normal")
-    assert fair([*floods, normal], [*floods, normal]) == [normal, *floods]  # each tenant in arrival order
-    assert fair([floods[3], floods[1]], floods) == [floods[3], floods[1]]  # one tenant: as given
+    assert fair([*floods, normal], tenant_demand([*floods, normal])) == [normal, *floods]  # each tenant in arrival order
+    assert fair([floods[3], floods[1]], tenant_demand(floods)) == [floods[3], floods[1]]  # one tenant: as given
     late = _req("late")
-    assert fair([*floods[:2], late], [*floods, late]) == [late, *floods[:2]]
+    assert fair([*floods[:2], late], tenant_demand([*floods, late])) == [late, *floods[:2]]
 
 
 def test_no_decodes_no_bound_and_none_means_off() -> None:
