@@ -4,9 +4,15 @@ After the fault soak, with the load stopped: a normal client streams chat answer
 (its tenant's API key, ``normal_tokens`` tokens each; in a process of its own, bench/soak/measure.py,
 so the attackers' threads never share its interpreter) and health is asked every 0.25 s of replica
 a's ``/health`` and of the daemon (gRPC health Check), both under a 5 s timeout. For each probe,
-``window_s`` without it (the baseline), then the probe (for at least ``window_s``: a short one's
-aftermath counts too), and the same client meanwhile; a gap between two tokens counts against the
-probe when it overlaps the probe's window at all:
+``pairs`` times: ``window_s`` without it (the baseline), then the probe (for at least ``window_s``: a
+short one's aftermath counts too), and the same client meanwhile; a gap between two tokens counts
+against the probe when it overlaps the probe's window at all. A probe's ``itl_p99_ratio`` is the
+median of its pairs' (bench/soak/security_figures.py ``dos_repeated``; each pair's in
+``itl_p99_ratio_runs``, the pooled one beside). Why pairs: with one pair, the baseline's p99 (the
+~6th-largest of ~550 gaps in 30 s) read 47-93 ms across the probes of one soak, with nothing
+running but the normal client, and a probe's ratio moved more with it than with any change made to
+the engine (three soaks of stop 45: the refused 16 MB bodies, a path none of those changes touched,
+at 1.07 to 2.31).
 
 - ``stop_strings``: completions with 16 stop strings of 1,000,000 characters (a 16 MB body), one
   after another: refused, 413 from its Content-Length since the body bound follows the context
@@ -14,12 +20,14 @@ probe when it overlaps the probe's window at all:
 - ``prompt_16mib``: completions whose prompt fills a body to just under 16 MiB (likewise);
 - ``one_salt_flood``: completions of a few tokens, ``salt_concurrency`` at once, all under one
   salt, for a window: what such a flood costs the normal client by itself (reported, no target);
-- ``salts``: 10,000 such completions, each with a ``cache_salt`` of its own (RSS of replica a
-  before and after; its ITL p99 is also compared with the one-salt flood's);
+- ``salts``: 10,000 such completions, each with a ``cache_salt`` of its own, split over the pairs
+  (RSS of replica a before the first and after the last; its ITL p99 is also compared with the
+  one-salt flood's, pooled);
 - ``stalled_puts``: 8 Put streams of a tenant that declare a block and never commit, held for the
   window, while another client's Lookup (another tenant) is asked every 0.25 s with a 1 s deadline;
 - ``watch_names``: 1,000 health Watch streams, each of a name never used before (half of them 200
-  bytes long, half 64 KiB), each read once and closed (RSS of the daemon before and after).
+  bytes long, half 64 KiB), each read once and closed, split over the pairs (RSS of the daemon
+  before the first and after the last).
 
 The last two need the daemon's limits of #22 (Put streams bounded in number and time; health
 without state per name): on a daemon without them they show the failure.
@@ -46,7 +54,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.soak.cluster import Cluster
 from bench.soak.load import Answer, Load, Prompt
 from bench.soak.measure import answers_of
-from bench.soak.security_figures import dos_figures, gaps_in, health_in, ratio
+from bench.soak.security_figures import dos_repeated, gaps_in, health_in, ratio
 from bench.soak.tenant_probes import md
 from bench.soak.watch import sample
 from kvstore.keys import TENANT_MAGIC, tenant_tag
@@ -135,48 +143,67 @@ def _posts(base: str, key: str, body: bytes, stop: threading.Event, codes: dict[
 
 class DosProbes:
     def __init__(self, cluster: Cluster, load: Load, model: str, window_s: float, salts: int = 10_000,
-                 salt_concurrency: int = 4, watch_names: int = 1_000, stalled_puts: int = 8) -> None:  # fmt: skip
-        self.cluster, self.load, self.model, self.window_s = cluster, load, model, window_s
+                 salt_concurrency: int = 4, watch_names: int = 1_000, stalled_puts: int = 8, pairs: int = 1) -> None:  # fmt: skip
+        if pairs < 1:
+            raise ValueError(f"pairs must be >= 1, got {pairs}")
+        self.cluster, self.load, self.model, self.window_s, self.pairs = cluster, load, model, window_s, pairs
         self.n_salts, self.salt_concurrency, self.n_names, self.n_puts = salts, salt_concurrency, watch_names, stalled_puts
+        self._part = (0, 1)  # (this pair, pairs): which share of a counted probe (salts, names) this window sends
         self.attacker = "tenant-c"
         self.key = cluster.creds.api[self.attacker]
 
     def run(self) -> list[dict[str, Any]]:
-        """Each probe after a baseline window: their times (the load's clock), RSS around, detail."""
+        """Each probe as ``pairs`` pairs of windows, a baseline window then the probe's: their times
+        (the load's clock) and detail, RSS before the first probe window and after the last. A
+        counted probe (salts, Watch names) sends its count once over all its pairs."""
         clock, out = self.load.clock, []
         for name in PROBES:
-            w: dict[str, Any] = {"probe": name, "base": [clock()]}
-            time.sleep(self.window_s)
-            w["base"].append(clock())
-            w["rss_before"] = self._rss_of(name)
-            stop = threading.Event()
-            detail: dict[str, Any] = {}
-            w["under"] = [clock()]
-            getattr(self, name)(stop, detail)
-            time.sleep(max(0.0, w["under"][0] + self.window_s - clock()))  # at least a window: what it left behind
-            w["under"].append(clock())
-            detail["window_s"] = round(w["under"][1] - w["under"][0], 1)
+            w: dict[str, Any] = {"probe": name, "pairs": []}
+            for k in range(self.pairs):
+                pair: dict[str, Any] = {"base": [clock()]}
+                time.sleep(self.window_s)
+                pair["base"].append(clock())
+                if k == 0:
+                    w["rss_before"] = self._rss_of(name)
+                stop = threading.Event()
+                detail: dict[str, Any] = {}
+                pair["under"] = [clock()]
+                self._part = (k, self.pairs)
+                getattr(self, name)(stop, detail)
+                time.sleep(max(0.0, pair["under"][0] + self.window_s - clock()))  # at least a window: what it left behind
+                pair["under"].append(clock())
+                detail["window_s"] = round(pair["under"][1] - pair["under"][0], 1)
+                w["pairs"].append({**pair, "detail": detail})
             w["rss_after"] = self._rss_of(name)
-            out.append({**w, "detail": detail})
+            out.append(w)
         return out
+
+    def _share(self, n: int) -> range:
+        """This pair's indices of a probe that sends ``n`` of something over all its pairs."""
+        k, of = self._part
+        return range(n * k // of, n * (k + 1) // of)
 
     @staticmethod
     def figures(measure: Measure, windows: list[dict[str, Any]]) -> dict[str, Any]:
-        """Per probe: ``dos_figures`` over the normal client's gaps and the health answers in its windows."""
+        """Per probe: ``dos_repeated`` over the normal client's gaps and the health answers in its
+        pairs of windows (the headline ratio the median of the pairs')."""
         out: dict[str, Any] = {}
         for w in windows:
-            (b0, b1), (u0, u1), detail = w["base"], w["under"], dict(w["detail"])
-            figs = dos_figures(gaps_in(measure.answers, b0, b1), gaps_in(measure.answers, u0, u1, overlapping=True),
-                               health_in(((h[0], h[1], max(h[2], h[3])) for h in measure.health), u0, u1),
-                               w["rss_before"], w["rss_after"])  # fmt: skip
+            spans = [(p["base"], p["under"]) for p in w["pairs"]]
+            figs = dos_repeated([(gaps_in(measure.answers, b0, b1), gaps_in(measure.answers, u0, u1, overlapping=True),
+                                  health_in(((h[0], h[1], max(h[2], h[3])) for h in measure.health), u0, u1))
+                                 for (b0, b1), (u0, u1) in spans], w["rss_before"], w["rss_after"])  # fmt: skip
             for i, part in ((2, "engine"), (3, "daemon")):
-                seen = health_in(((h[0], h[1], h[i]) for h in measure.health), u0, u1)
+                seen = [s for _, (u0, u1) in spans for s in health_in(((h[0], h[1], h[i]) for h in measure.health), u0, u1)]
                 figs[f"health_max_{part}_s"] = round(max(seen), 3) if seen else None
-            if "lookup_deadline_met" in detail:
-                figs["lookup_deadline_met"] = detail.pop("lookup_deadline_met")
-            figs["normal_errors"] = sum(1 for a in measure.answers if a.error is not None and a.t0 < u1 and a.t1 > u0)
-            out[w["probe"]] = {**figs, "detail": detail}
-        if "salts" in out and "one_salt_flood" in out:  # like with like: the same flood, one salt
+            details = [dict(p["detail"]) for p in w["pairs"]]
+            met = [d.pop("lookup_deadline_met") for d in details if "lookup_deadline_met" in d]
+            if met:
+                figs["lookup_deadline_met"] = all(met)
+            figs["normal_errors"] = sum(1 for a in measure.answers if a.error is not None
+                                        and any(a.t0 < u1 and a.t1 > u0 for _, (u0, u1) in spans))  # fmt: skip
+            out[w["probe"]] = {**figs, "detail": {"pairs": details}}
+        if "salts" in out and "one_salt_flood" in out:  # like with like: the same flood, one salt (pooled)
             out["salts"]["itl_p99_ratio_vs_one_salt"] = ratio(out["salts"]["itl_p99_under_s"],
                                                               out["one_salt_flood"]["itl_p99_under_s"])
         return out
@@ -217,18 +244,19 @@ class DosProbes:
         self._flood(detail, lambda i: "dos-one-salt", until=time.monotonic() + self.window_s)
 
     def salts(self, stop: threading.Event, detail: dict[str, Any]) -> None:
-        self._flood(detail, lambda i: f"dos-salt-{i:05d}-{os.getpid()}", count=self.n_salts)
+        self._flood(detail, lambda i: f"dos-salt-{i:05d}-{os.getpid()}", self._share(self.n_salts))
 
-    def _flood(self, detail: dict[str, Any], salt: Callable[[int], str], count: int = 10**9,
+    def _flood(self, detail: dict[str, Any], salt: Callable[[int], str], ids: range = range(10**9),
                until: float = float("inf")) -> None:  # fmt: skip
-        """Completions of a few tokens, ``salt_concurrency`` at once, ``count`` of them or until ``until``."""
+        """Completions of a few tokens, ``salt_concurrency`` at once, one for each of ``ids`` or until ``until``."""
         codes: dict[str, int] = {}
         lock = threading.Lock()
         base, sent = self.load.replicas[0], [0]
+        used: set[str] = set()
 
         def worker(w: int) -> None:
             with httpx.Client(timeout=60) as http:
-                for i in range(w, count, self.salt_concurrency):
+                for i in ids[w :: self.salt_concurrency]:
                     if time.monotonic() > until:
                         return
                     try:
@@ -241,11 +269,11 @@ class DosProbes:
                     with lock:
                         codes[k] = codes.get(k, 0) + 1
                         sent[0] += 1
+                        used.add(salt(i))
 
         with ThreadPoolExecutor(self.salt_concurrency) as pool:
             list(pool.map(worker, range(self.salt_concurrency)))
-        detail.update(requests=sent[0], salts=len({salt(i) for i in range(sent[0])}),
-                      concurrency=self.salt_concurrency, answers=codes)  # fmt: skip
+        detail.update(requests=sent[0], salts=len(used), concurrency=self.salt_concurrency, answers=codes)
 
     def stalled_puts(self, stop: threading.Event, detail: dict[str, Any]) -> None:
         c = self.cluster
@@ -297,7 +325,8 @@ class DosProbes:
         codes: dict[str, int] = {}
         with grpc.insecure_channel(self.cluster.daemon.address, options=[("grpc.max_send_message_length", 1 << 20)]) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
-            for i in range(self.n_names):
+            names = self._share(self.n_names)
+            for i in names:
                 name = f"soak-watch-{i:04d}-{os.getpid()}-"
                 name += "n" * ((200 if i % 2 == 0 else 64 * 1024) - len(name))
                 call = stub.Watch(health_pb2.HealthCheckRequest(service=name), timeout=HEALTH_TIMEOUT_S)
@@ -310,4 +339,4 @@ class DosProbes:
                     k = "ended"
                 call.cancel()
                 codes[k] = codes.get(k, 0) + 1
-        detail.update(names=self.n_names, answers=codes)
+        detail.update(names=len(names), answers=codes)

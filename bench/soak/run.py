@@ -64,6 +64,8 @@ class Plan:
     # each DoS probe: this long without it, then with it (bench/soak/dos.py); ~20 gaps a second, so the
     # ITL p99 of a 10 s window was its ~2nd-largest gap (1.22-1.64 over runs for the same probe)
     dos_window_s: float = 30.0
+    # each DoS probe this many times (a baseline window, then the probe's): its ratio the median of theirs
+    dos_pairs: int = 3
     normal_tokens: int = 24  # tokens of each answer of the DoS phase's normal client
     salts: int = 10_000
     # ~24 completions/s on the 2-core machine with the cross-tenant step bound (~45 without): 10,000 salts
@@ -196,7 +198,8 @@ def soak(plan: Plan, work: Path, fuzz_cases: int, seed: int) -> Record:
             fuzz = fuzzing.result()  # the HTTP side ends before the replicas stop, and before the DoS probes
             t1 = time.monotonic()
             with Measure(cluster, load, prompts[:: max(1, len(prompts) // 4)], TENANTS[0], plan.normal_tokens) as m:
-                windows = DosProbes(cluster, load, MODEL, plan.dos_window_s, plan.salts, plan.salt_concurrency).run()
+                windows = DosProbes(cluster, load, MODEL, plan.dos_window_s, plan.salts, plan.salt_concurrency,
+                                    pairs=plan.dos_pairs).run()
             dos = DosProbes.figures(m, windows)
             reclaim = shm_reclaim(cluster)
             timings["dos_s"] = time.monotonic() - t1

@@ -146,6 +146,24 @@ def dos_figures(base_gaps: Sequence[float], under_gaps: Sequence[float], health_
     return out
 
 
+def dos_repeated(pairs: Sequence[tuple[Sequence[float], Sequence[float], Sequence[float]]],
+                 rss_before: Sequence[float] = (), rss_after: Sequence[float] = ()) -> dict[str, Any]:
+    """One DoS probe run as several pairs of windows, each (``base_gaps``, ``under_gaps``, ``health_s``)
+    as ``dos_figures`` takes them, RSS readings (MB) before the first and after the last. Headline
+    ``itl_p99_ratio``: the median of the pairs' ratios (each in ``itl_p99_ratio_runs``, in order: the
+    first is what a single pair measured), None where any pair had too few gaps (missing, never met);
+    ``itl_p99_ratio_pooled``, ``itl_p99_base_s`` / ``itl_p99_under_s`` and ``itl_gaps`` over every
+    pair's gaps pooled; ``health_max_s`` the slowest health answer under any of them."""
+    if not pairs:
+        raise ValueError("dos_repeated: no pairs of windows")
+    runs = [dos_figures(b, u, h)["itl_p99_ratio"] for b, u, h in pairs]
+    pooled = dos_figures([g for b, _, _ in pairs for g in b], [g for _, u, _ in pairs for g in u],
+                         [s for _, _, h in pairs for s in h], rss_before, rss_after)  # fmt: skip
+    known = [r for r in runs if r is not None]
+    return {**pooled, "itl_p99_ratio": round(statistics.median(known), 3) if len(known) == len(runs) else None,
+            "itl_p99_ratio_runs": runs, "itl_p99_ratio_pooled": pooled["itl_p99_ratio"]}
+
+
 def _r4(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 

@@ -20,6 +20,7 @@ from bench.soak.security_figures import (
     auth_refused,
     cross_tenant,
     dos_figures,
+    dos_repeated,
     engine_attempt,
     forged_figures,
     gaps_in,
@@ -124,6 +125,23 @@ def test_dos_figures_a_slower_client_and_slow_health_miss_their_targets() -> Non
     assert dos_figures(base, [0.1] * 5, [])["itl_p99_ratio"] is None  # too few gaps under it: missing, never met
     assert verdict(None, figs["dos.salts.itl_p99_ratio"]) == "missing"
     assert "rss_growth_mb" not in dos_figures(base, base, [0.1])
+
+
+def test_dos_repeated_takes_the_median_of_its_pairs_and_pools_the_rest() -> None:
+    base, slow = [0.05] * 100, [0.05] * 90 + [0.1] * 10  # ratios 1.0 and 2.0
+    figs = dos_repeated([(base, base, [0.01]), (base, slow, [0.3]), (base, [0.06] * 100, [0.02])],
+                        [500.0] * 3, [503.0] * 3)  # fmt: skip
+    assert figs["itl_p99_ratio_runs"] == [1.0, 2.0, 1.2]
+    assert figs["itl_p99_ratio"] == 1.2  # one slow pair is not the probe's figure, nor is one quiet one
+    assert figs["itl_p99_ratio_pooled"] == 2.0  # 10 of the 300 gaps under are 0.1 s: the pooled p99 is one
+    assert figs["itl_gaps"] == [300, 300] and figs["health_max_s"] == 0.3 and figs["health_checks"] == 3
+    assert figs["rss_growth_mb"] == 3.0
+    one = dos_repeated([(base, slow, [0.01])])  # one pair: what dos_figures says
+    assert one["itl_p99_ratio"] == dos_figures(base, slow, [0.01])["itl_p99_ratio"] == 2.0
+    # a pair with too few gaps makes the probe's figure missing, never met by leaving it out
+    assert dos_repeated([(base, base, []), (base, [0.1] * 5, [])])["itl_p99_ratio"] is None
+    with pytest.raises(ValueError):
+        dos_repeated([])
 
 
 def test_reclaim_seconds_from_the_kill_to_the_first_reading_without_the_segment() -> None:
