@@ -63,11 +63,11 @@ def _pct(xs: list[float], q: float) -> float:
 def _soak_prompts() -> tuple[list[list[dict[str, str]]], int]:
     """What bench.soak's DoS-phase client asks (bench/soak/run.py, its default seed): 4 of its
     workload's system-prompted chats, and the most tokens of each answer."""
-    from bench.soak.load import workload
-    from bench.soak.run import QUICK
+    from bench.soak.load import dos_client_prompts, workload
+    from bench.soak.run import QUICK, SEED
 
-    prompts = workload(QUICK.systems, QUICK.questions, QUICK.words, 1)
-    return [p.messages for p in prompts[:: max(1, len(prompts) // 4)]], QUICK.normal_tokens
+    prompts = workload(QUICK.systems, QUICK.questions, QUICK.words, SEED)
+    return [p.messages for p in dos_client_prompts(prompts)], QUICK.normal_tokens
 
 
 def _normal_client(base: str, until: float, out: Any, replica: str = "plain") -> None:
@@ -79,11 +79,13 @@ def _normal_client(base: str, until: float, out: Any, replica: str = "plain") ->
     soak, soak_tokens = _soak_prompts() if replica == "soak" else ([], 0)
     with httpx.Client(timeout=120) as h:
         while time.monotonic() < until:
-            body = {"model": MODEL, "max_tokens": ANSWER_TOKENS, "temperature": 0, "stream": True, "ignore_eos": True,
-                    "messages": [{"role": "user", "content": f"Tell me a short fact about the number {i % 9}."}]}
             if soak:
                 body = {"model": MODEL, "max_tokens": soak_tokens, "temperature": 0, "stream": True,
                         "messages": soak[i % len(soak)]}
+            else:
+                body = {"model": MODEL, "max_tokens": ANSWER_TOKENS, "temperature": 0, "stream": True,
+                        "ignore_eos": True,
+                        "messages": [{"role": "user", "content": f"Tell me a short fact about the number {i % 9}."}]}
             t0, last = time.monotonic(), None
             with h.stream("POST", base + "/v1/chat/completions", json=body,
                           headers={"Authorization": f"Bearer {KEYS['normal']}"}) as r:  # fmt: skip

@@ -64,6 +64,11 @@ def workload(systems: int, questions: int, words: int, seed: int) -> list[Prompt
     return out
 
 
+def dos_client_prompts(prompts: list[Prompt]) -> list[Prompt]:
+    """The 4 of the workload's prompts the DoS phase's normal client asks, in turn (bench/soak/dos.py)."""
+    return prompts[:: max(1, len(prompts) // 4)]
+
+
 def private_prompt(owner: str, k: int, words: int, seed: int) -> Prompt:
     rng = random.Random(f"{seed}-{owner}-{k}")
     text = system_prompt(k, words, rng, tag=f"Private notebook {k} of {owner}. ")

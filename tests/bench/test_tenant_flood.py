@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from bench.soak.load import workload
-from bench.soak.run import QUICK
+from bench.soak.load import dos_client_prompts, workload
+from bench.soak.run import QUICK, SEED
 from bench.tenant_flood import _soak_prompts, main
 
 
 def test_the_soak_replica_asks_what_the_soaks_dos_client_asks() -> None:
-    prompts = workload(QUICK.systems, QUICK.questions, QUICK.words, 1)  # bench.soak's default --seed
-    measured = prompts[:: max(1, len(prompts) // 4)]  # bench/soak/run.py: the Measure's prompts
+    measured = dos_client_prompts(workload(QUICK.systems, QUICK.questions, QUICK.words, SEED))
     messages, tokens = _soak_prompts()
-    assert messages == [p.messages for p in measured] and tokens == QUICK.normal_tokens
+    assert len(messages) == 4 and messages == [p.messages for p in measured] and tokens == QUICK.normal_tokens
     assert all(m[0]["role"] == "system" and len(m[0]["content"]) > 500 for m in messages)
 
 
